@@ -1,0 +1,146 @@
+"""Every knob with its default, in one place.
+
+Setup files (tiny_cpu.py, qwen3_5_35b_a3b.py, ...) start from `get_config()` here and change
+only what differs. Code reads the config; it never invents defaults of its own.
+"""
+import ml_collections
+
+
+def get_model_config() -> ml_collections.ConfigDict:
+  """The Qwen3.5 text model. Field names follow the Hugging Face `text_config`."""
+  m = ml_collections.ConfigDict()
+  m.preset = ""                      # name of a preset in models/presets.py; "" = use the fields below
+  m.vocab_size = 1024                # tokens in the embedding table / LM head
+  m.hidden_size = 64                 # residual stream width
+  m.num_hidden_layers = 4            # depth; layer i is attention when (i+1) % full_attention_interval == 0
+  m.full_attention_interval = 4      # 3 Gated DeltaNet layers then 1 attention layer
+  m.layer_types = ()                 # explicit per-layer types; () = derived from the interval
+  m.num_attention_heads = 4          # query heads of the attention layers
+  m.num_key_value_heads = 2          # GQA key/value heads
+  m.head_dim = 16                    # attention head width
+  m.partial_rotary_factor = 0.25     # share of head_dim that is rotated
+  m.rope_theta = 10_000_000.0        # RoPE base
+  m.linear_num_key_heads = 2         # Gated DeltaNet q/k heads
+  m.linear_num_value_heads = 4       # Gated DeltaNet v heads (a multiple of the key heads)
+  m.linear_key_head_dim = 16         # GDN q/k head width
+  m.linear_value_head_dim = 16       # GDN v head width
+  m.linear_conv_kernel_dim = 4       # causal depthwise conv kernel
+  m.gdn_chunk_size = 64              # chunk length of the chunked delta rule
+  m.use_moe = True                   # sparse MoE (True) or a dense SwiGLU MLP (False)
+  m.intermediate_size = 128          # dense MLP width (use_moe=False)
+  m.num_experts = 8                  # routed experts
+  m.num_experts_per_tok = 2          # top-k
+  m.norm_topk_prob = True            # renormalise the top-k router weights
+  m.moe_intermediate_size = 32       # routed expert width
+  m.shared_expert_intermediate_size = 32  # shared expert width; 0 = no shared expert
+  m.rms_norm_eps = 1e-6              # RMSNorm epsilon
+  m.tie_word_embeddings = False      # LM head shares the embedding table
+  m.max_position_embeddings = 4096   # context length the model is built for
+  m.param_dtype = "float32"          # storage dtype of the weights
+  m.dtype = "float32"                # activation / matmul dtype (bfloat16 on accelerators)
+  m.initializer_range = 0.02         # std of the random init
+  m.scan_layers = True               # scan over the repeating layer cycle (compile time flat in depth)
+  m.remat = "none"                   # activation checkpointing per cycle: none | full
+  return m
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.name = "base"                    # run name; outputs go to runs/<name>/
+  c.seed = 0                         # master seed (init, data order, sampling)
+  c.workdir = "runs"                 # parent directory of run outputs
+
+  c.model = get_model_config()
+
+  # Device mesh and logical-axis rules (see models/sharding.py).
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.axes = ("data", "fsdp", "expert", "tensor")  # mesh axis names
+  c.mesh.shape = (1, -1, 1, 1)       # one entry per axis; -1 = all remaining devices
+  # Logical axis -> mesh axes. FSDP for dense weights, experts over `expert`, heads/MLP over `tensor`.
+  c.mesh.rules = (
+      ("batch", ("data", "fsdp", "expert")),
+      ("activation_length", None),
+      ("activation_embed", None),
+      ("embed", "fsdp"),
+      ("vocab", "tensor"),
+      ("heads", "tensor"),
+      ("kv_heads", "tensor"),
+      ("head_dim", None),
+      ("q_heads_x_dim", "tensor"),
+      ("kv_heads_x_dim", "tensor"),
+      ("mlp", "tensor"),
+      ("experts", "expert"),
+      ("expert_mlp", "tensor"),
+      ("gdn_qkv", "tensor"),
+      ("gdn_value", "tensor"),
+      ("gdn_heads", "tensor"),
+      ("conv_kernel", None),
+      ("norm", None),
+      ("layers", None),
+      ("cycle", None),
+  )
+
+  # RL maths (rl/advantages.py, rl/policy_losses.py, rl/grpo.py). Defaults = the report's recipe.
+  c.rl = ml_collections.ConfigDict()
+  c.rl.advantage = "grpo"            # advantage estimator: grpo | rloo
+  c.rl.grpo_norm_by_std = False      # GRPO: divide by the group std (the recipe does not)
+  c.rl.advantage_eps = 1e-6          # added to the std when normalising
+  c.rl.filter_zero_variance = True   # drop groups whose rewards are all equal (no signal)
+  c.rl.policy_loss = "dppo_binary_tv"  # ppo | gspo | rollout_is | dppo_binary_tv
+  c.rl.loss_reduction = "prompt_mean"  # token_mean | prompt_mean | sequence_mean | seq_mean_token_sum_norm
+  c.rl.max_seq_len = 0               # constant of seq_mean_token_sum_norm; 0 = the batch's seq length
+  c.rl.temperature = 1.0             # sampling temperature; logits are divided by it for logprobs
+  c.rl.recompute_old_logprobs = False  # True: old logprobs = this step's params before any update
+  c.rl.moe_aux_loss_coef = 0.0       # weight of the MoE load-balancing loss; 0 = off
+  c.rl.ppo = ml_collections.ConfigDict()
+  c.rl.ppo.eps_low = 0.2             # PPO ratio clip below 1
+  c.rl.ppo.eps_high = 0.28           # PPO ratio clip above 1 (clip-higher)
+  c.rl.ppo.dual_clip_c = 0.0         # dual clip constant (> 1, e.g. 3); 0 = off
+  c.rl.gspo = ml_collections.ConfigDict()
+  c.rl.gspo.eps_low = 3e-4           # GSPO sequence-ratio clip below 1
+  c.rl.gspo.eps_high = 4e-4          # GSPO sequence-ratio clip above 1
+  c.rl.rollout_is = ml_collections.ConfigDict()
+  c.rl.rollout_is.eps_low = 0.5      # rollout_is: weight zeroed when pi/pi_rollout <= 1 - eps_low
+  c.rl.rollout_is.eps_high = 4.0     # rollout_is: weight zeroed when pi/pi_rollout >= 1 + eps_high
+  c.rl.dppo = ml_collections.ConfigDict()
+  c.rl.dppo.delta_low = 0.15         # binary-TV: max drop of p(token) vs rollout on A <= 0
+  c.rl.dppo.delta_high = 0.15        # binary-TV: max rise of p(token) vs rollout on A > 0
+  c.rl.tis = ml_collections.ConfigDict()
+  c.rl.tis.mode = "none"             # truncated IS vs rollout logprobs: none | token | sequence
+  c.rl.tis.cap = 2.0                 # truncation of the TIS weight
+  c.rl.kl = ml_collections.ConfigDict()
+  c.rl.kl.coef = 0.0                 # KL-to-reference penalty weight; 0 = off (needs ref_logprobs)
+  c.rl.kl.estimator = "k3"           # k1 | k3
+
+  # Optimizer (optax AdamW).
+  c.optim = ml_collections.ConfigDict()
+  c.optim.lr = 1e-6                  # peak learning rate
+  c.optim.b1 = 0.9                   # Adam beta1
+  c.optim.b2 = 0.98                  # Adam beta2
+  c.optim.eps = 1e-8                 # Adam epsilon
+  c.optim.weight_decay = 0.01        # decoupled weight decay
+  c.optim.grad_clip = 1.0            # clip by global norm; 0 = off
+  c.optim.warmup_steps = 0           # linear warmup from 0 to lr
+  c.optim.schedule = "constant"      # after warmup: constant | cosine
+  c.optim.decay_steps = 0            # cosine length after warmup; 0 = train.steps - warmup
+  c.optim.min_lr_ratio = 0.0         # cosine floor as a fraction of lr
+  c.optim.mu_dtype = "float32"       # dtype of Adam's first moment
+
+  # Training loop shape.
+  c.train = ml_collections.ConfigDict()
+  c.train.steps = 100                # optimizer steps of the run
+  c.train.prompts_per_step = 16      # prompt groups per rollout batch
+  c.train.samples_per_prompt = 16    # samples per prompt (group size)
+  c.train.mini_batches = 1           # optimizer updates per rollout batch (1 = on-policy)
+  c.train.micro_batches = 1          # gradient-accumulation splits of a mini-batch (lax.scan)
+  c.train.seq_len = 256              # padded token length of a training row
+  c.train.max_context = 160_000      # recipe's maximum trajectory context (tokens)
+  c.train.log_every = 1              # steps between metric logs
+
+  # Checkpoints (orbax CheckpointManager).
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.dir = ""              # "" = <workdir>/<name>/checkpoints
+  c.checkpoint.save_every = 50       # steps between saves; 0 = never
+  c.checkpoint.keep = 3              # keep the last K checkpoints
+  c.checkpoint.async_save = True     # write in a background thread
+  return c

@@ -1,0 +1,58 @@
+"""One entry point: --mode = model | sft | rl | eval | serve | plan.
+
+  python launch.py --config=configs/tiny_cpu.py --config.model.hidden_size=128 --mode=model
+
+Configs are ml_collections files with a `get_config(arg)`; any field can be overridden from the
+command line, and an unknown key is an error naming it.
+"""
+import importlib
+import os
+import sys
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "configs/tiny_cpu.py", "Config file, optionally with `:arg`.", lock_config=True)
+_MODE = flags.DEFINE_enum(
+    "mode", "model", ["model", "sft", "rl", "eval", "serve", "plan"], "What to run.")
+_PORT = flags.DEFINE_integer("port", 9000, "gRPC port for --mode=serve.")
+
+# mode -> "module:function"; each takes (config, flags) and is imported lazily so that a
+# mode's heavy dependencies (JetStream, worlds) load only when that mode runs.
+_MODES = {
+    "model": "models.inspect_cli:main",
+    "plan": "rl.plan:main",
+    "eval": "envs.evaluate:main",
+    "serve": "rl.rollout.serve:main",
+    "sft": "rl.loop:main_sft",
+    "rl": "rl.loop:main_rl",
+}
+
+
+def _maybe_initialize_distributed():
+  """On a pod every host runs the same command; JAX learns its peers from the environment."""
+  if any(k in os.environ for k in ("JAX_COORDINATOR_ADDRESS", "MEGASCALE_COORDINATOR_ADDRESS",
+                                   "TPU_WORKER_HOSTNAMES")) and int(os.environ.get("JAX_NUM_PROCESSES", "2")) > 1:
+    import jax
+    jax.distributed.initialize()
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  _maybe_initialize_distributed()
+  module_name, fn_name = _MODES[_MODE.value].split(":")
+  try:
+    module = importlib.import_module(module_name)
+  except ModuleNotFoundError as e:
+    if e.name and module_name.startswith(e.name):
+      sys.exit(f"--mode={_MODE.value} is not available yet in this checkout ({module_name} missing)")
+    raise
+  getattr(module, fn_name)(_CONFIG.value, flags.FLAGS)
+
+
+if __name__ == "__main__":
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  app.run(main)
