@@ -143,4 +143,30 @@ def get_config() -> ml_collections.ConfigDict:
   c.checkpoint.save_every = 50       # steps between saves; 0 = never
   c.checkpoint.keep = 3              # keep the last K checkpoints
   c.checkpoint.async_save = True     # write in a background thread
+
+  # Tokenizer and chat format (envs/chat).
+  c.tokenizer = ml_collections.ConfigDict()
+  c.tokenizer.path = ""              # tokenizer.json or a directory holding one; "" = the shipped tiny BPE
+  c.tokenizer.special_ids = "tiny"   # control-id table checked at load: tiny | qwen3_5
+  c.tokenizer.thinking = True        # generation prompt opens a think block (False: empty think block)
+
+  # Agent harness (envs/harness): one agent loop per process, a timeout on everything.
+  c.harness = ml_collections.ConfigDict()
+  c.harness.num_workers = 2          # agent-loop processes in the pool (concurrent episodes)
+  c.harness.max_turns = 100          # assistant turns per episode before max_turns
+  c.harness.max_tokens_per_turn = 512  # max_tokens of one model call (capped by the context left)
+  # The context limit is train.max_context; the sampling temperature is rl.temperature.
+  c.harness.repair_attempts = 2      # repair messages per episode for malformed / unknown tool calls
+  c.harness.nudge = True             # context nudge: ask for a final answer when the context runs low
+  c.harness.nudge_fraction = 0.2     # nudge when context left for the next turn <= this share of max
+  c.harness.nudge_once = True        # at most one nudge per episode
+  c.harness.world_start_timeout_s = 90.0  # outer bound on starting a world (>= envs.gateway_start_timeout_s)
+  c.harness.model_timeout_s = 120.0  # one policy.generate call
+  c.harness.tool_timeout_s = 30.0    # one tool call through the gateway
+  c.harness.grade_timeout_s = 60.0   # grading an episode
+  c.harness.episode_timeout_s = 900.0  # a whole episode, start to grade
+  c.harness.kill_grace_s = 10.0      # past the episode timeout, the pool kills the process
+  c.harness.max_timeouts_per_group = 1  # a group with more timed-out trajectories is masked whole
+  c.harness.top_p = 1.0              # nucleus sampling
+  c.harness.top_k = 0                # top-k sampling; 0 = off
   return c
