@@ -144,6 +144,70 @@ def get_config() -> ml_collections.ConfigDict:
   c.checkpoint.keep = 3              # keep the last K checkpoints
   c.checkpoint.async_save = True     # write in a background thread
 
+  # RL maths (rl/advantages.py, rl/policy_losses.py, rl/grpo.py). Defaults = the report's recipe.
+  c.rl = ml_collections.ConfigDict()
+  c.rl.advantage = "grpo"            # advantage estimator: grpo | rloo
+  c.rl.grpo_norm_by_std = False      # GRPO: divide by the group std (the recipe does not)
+  c.rl.advantage_eps = 1e-6          # added to the std when normalising
+  c.rl.filter_zero_variance = True   # drop groups whose rewards are all equal (no signal)
+  c.rl.policy_loss = "dppo_binary_tv"  # ppo | gspo | rollout_is | dppo_binary_tv
+  c.rl.loss_reduction = "prompt_mean"  # token_mean | prompt_mean | sequence_mean | seq_mean_token_sum_norm
+  c.rl.max_seq_len = 0               # constant of seq_mean_token_sum_norm; 0 = the batch's seq length
+  c.rl.temperature = 1.0             # sampling temperature; logits are divided by it for logprobs
+  c.rl.recompute_old_logprobs = False  # True: old logprobs = this step's params before any update
+  c.rl.moe_aux_loss_coef = 0.0       # weight of the MoE load-balancing loss; 0 = off
+  c.rl.ppo = ml_collections.ConfigDict()
+  c.rl.ppo.eps_low = 0.2             # PPO ratio clip below 1
+  c.rl.ppo.eps_high = 0.28           # PPO ratio clip above 1 (clip-higher)
+  c.rl.ppo.dual_clip_c = 0.0         # dual clip constant (> 1, e.g. 3); 0 = off
+  c.rl.gspo = ml_collections.ConfigDict()
+  c.rl.gspo.eps_low = 3e-4           # GSPO sequence-ratio clip below 1
+  c.rl.gspo.eps_high = 4e-4          # GSPO sequence-ratio clip above 1
+  c.rl.rollout_is = ml_collections.ConfigDict()
+  c.rl.rollout_is.eps_low = 0.5      # rollout_is: weight zeroed when pi/pi_rollout <= 1 - eps_low
+  c.rl.rollout_is.eps_high = 4.0     # rollout_is: weight zeroed when pi/pi_rollout >= 1 + eps_high
+  c.rl.dppo = ml_collections.ConfigDict()
+  c.rl.dppo.delta_low = 0.15         # binary-TV: max drop of p(token) vs rollout on A <= 0
+  c.rl.dppo.delta_high = 0.15        # binary-TV: max rise of p(token) vs rollout on A > 0
+  c.rl.tis = ml_collections.ConfigDict()
+  c.rl.tis.mode = "none"             # truncated IS vs rollout logprobs: none | token | sequence
+  c.rl.tis.cap = 2.0                 # truncation of the TIS weight
+  c.rl.kl = ml_collections.ConfigDict()
+  c.rl.kl.coef = 0.0                 # KL-to-reference penalty weight; 0 = off (needs ref_logprobs)
+  c.rl.kl.estimator = "k3"           # k1 | k3
+
+  # Optimizer (optax AdamW).
+  c.optim = ml_collections.ConfigDict()
+  c.optim.lr = 1e-6                  # peak learning rate
+  c.optim.b1 = 0.9                   # Adam beta1
+  c.optim.b2 = 0.98                  # Adam beta2
+  c.optim.eps = 1e-8                 # Adam epsilon
+  c.optim.weight_decay = 0.01        # decoupled weight decay
+  c.optim.grad_clip = 1.0            # clip by global norm; 0 = off
+  c.optim.warmup_steps = 0           # linear warmup from 0 to lr
+  c.optim.schedule = "constant"      # after warmup: constant | cosine
+  c.optim.decay_steps = 0            # cosine length after warmup; 0 = train.steps - warmup
+  c.optim.min_lr_ratio = 0.0         # cosine floor as a fraction of lr
+  c.optim.mu_dtype = "float32"       # dtype of Adam's first moment
+
+  # Training loop shape.
+  c.train = ml_collections.ConfigDict()
+  c.train.steps = 100                # optimizer steps of the run
+  c.train.prompts_per_step = 16      # prompt groups per rollout batch
+  c.train.samples_per_prompt = 16    # samples per prompt (group size)
+  c.train.mini_batches = 1           # optimizer updates per rollout batch (1 = on-policy)
+  c.train.micro_batches = 1          # gradient-accumulation splits of a mini-batch (lax.scan)
+  c.train.seq_len = 256              # padded token length of a training row
+  c.train.max_context = 160_000      # recipe's maximum trajectory context (tokens)
+  c.train.log_every = 1              # steps between metric logs
+
+  # Checkpoints (orbax CheckpointManager).
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.dir = ""              # "" = <workdir>/<name>/checkpoints
+  c.checkpoint.save_every = 50       # steps between saves; 0 = never
+  c.checkpoint.keep = 3              # keep the last K checkpoints
+  c.checkpoint.async_save = True     # write in a background thread
+
   # Tokenizer and chat format (envs/chat).
   c.tokenizer = ml_collections.ConfigDict()
   c.tokenizer.path = ""              # tokenizer.json or a directory holding one; "" = the shipped tiny BPE

@@ -1,0 +1,1 @@
+"""RL post-training: advantages, policy losses, loss reductions, the train step, checkpoints."""

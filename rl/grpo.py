@@ -1,0 +1,160 @@
+"""Loss reductions for GRPO-style training, exact under micro-batching and data parallelism.
+
+A reduction turns per-token losses l [batch, seq] and the loss mask m [batch, seq] into one
+scalar. Every reduction here is linear in l, so it is written as per-token weights
+
+  loss = sum_it w_it * l_it,     w = reduction_weights(m, group_ids, mode, max_seq_len)
+
+with all denominators (token counts, sequence counts, prompt counts) taken from the WHOLE
+mini-batch. A micro-batch (or a data-parallel shard) then contributes sum over its own rows
+of w * l, and the contributions add up to the mini-batch loss exactly: the numerator is
+split, the denominator is not. This is what "carry numerator and denominator separately"
+means in practice.
+
+Modes (B live sequences, |o_i| valid tokens of sequence i, P live prompt groups):
+  token_mean               sum_it m l / sum_it m
+  sequence_mean            (1/B) sum_i (sum_t m l / |o_i|)
+  seq_mean_token_sum_norm  (1/B) sum_i sum_t m l / max_seq_len          (Dr. GRPO)
+  prompt_mean              (1/P) sum_p (sum_{i in p} sum_t m l / sum_{i in p} |o_i|)
+
+A sequence is live when it has at least one loss token; a group is live when one of its
+sequences is. Dead rows (padding, masked groups, zero-variance groups) therefore neither add
+to nor dilute the average.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+
+WeightFn = Callable[[jax.Array, jax.Array, Optional[int]], jax.Array]
+
+_REDUCTIONS: dict[str, WeightFn] = {}
+
+
+def register_loss_reduction(name: str) -> Callable[[WeightFn], WeightFn]:
+  def wrap(fn: WeightFn) -> WeightFn:
+    if name in _REDUCTIONS:
+      raise ValueError(f"loss reduction {name!r} is already registered")
+    _REDUCTIONS[name] = fn
+    return fn
+  return wrap
+
+
+def available_loss_reductions() -> list[str]:
+  return sorted(_REDUCTIONS)
+
+
+def reduction_weights(loss_mask: jax.Array, group_ids: jax.Array, mode: str,
+                      max_seq_len: Optional[int] = None) -> jax.Array:
+  """Per-token weights [batch, seq] (float32) such that loss = sum(w * token_loss).
+
+  Args:
+    loss_mask: [batch, seq] 0/1 (bool, int or float).
+    group_ids: [batch] int, equal for the samples of one prompt.
+    mode: a registered reduction name.
+    max_seq_len: the constant of seq_mean_token_sum_norm (default: seq).
+  """
+  if mode not in _REDUCTIONS:
+    raise ValueError(f"unknown loss reduction {mode!r}; available: {available_loss_reductions()}")
+  return _REDUCTIONS[mode](loss_mask.astype(jnp.float32), group_ids, max_seq_len)
+
+
+def reduce_loss(token_loss: jax.Array, loss_mask: jax.Array, group_ids: jax.Array, mode: str,
+                max_seq_len: Optional[int] = None) -> jax.Array:
+  """The scalar loss of a whole mini-batch; token_loss, loss_mask [batch, seq], group_ids [batch]."""
+  w = reduction_weights(loss_mask, group_ids, mode, max_seq_len)
+  return jnp.sum(w * token_loss.astype(jnp.float32))
+
+
+def _live_sequences(m):
+  n = m.sum(axis=1)                                     # [batch] |o_i|
+  return n, (n > 0).astype(jnp.float32)
+
+
+@register_loss_reduction("token_mean")
+def _token_mean(m, group_ids, max_seq_len):
+  del group_ids, max_seq_len
+  return m / jnp.maximum(m.sum(), 1.0)
+
+
+@register_loss_reduction("sequence_mean")
+def _sequence_mean(m, group_ids, max_seq_len):
+  del group_ids, max_seq_len
+  n, live = _live_sequences(m)
+  num_seqs = jnp.maximum(live.sum(), 1.0)
+  return m / (jnp.maximum(n, 1.0)[:, None] * num_seqs)
+
+
+@register_loss_reduction("seq_mean_token_sum_norm")
+def _seq_mean_token_sum_norm(m, group_ids, max_seq_len):
+  del group_ids
+  if max_seq_len is None:
+    max_seq_len = m.shape[1]
+  _, live = _live_sequences(m)
+  num_seqs = jnp.maximum(live.sum(), 1.0)
+  return m / (float(max_seq_len) * num_seqs)
+
+
+@register_loss_reduction("prompt_mean")
+def _prompt_mean(m, group_ids, max_seq_len):
+  del max_seq_len
+  n, _ = _live_sequences(m)
+  same = (group_ids[:, None] == group_ids[None, :]).astype(jnp.float32)   # [batch, batch]
+  group_tokens = same @ n                                                 # [batch] sum_{j in p(i)} |o_j|
+  group_size = same.sum(axis=1)                                           # [batch] samples in p(i)
+  group_live = (group_tokens > 0).astype(jnp.float32)
+  num_prompts = jnp.maximum(jnp.round((group_live / group_size).sum()), 1.0)
+  return m / (jnp.maximum(group_tokens, 1.0)[:, None] * num_prompts)
+
+
+# ----------------------------------------------------------------------------- micro-batching
+
+
+def split_micro_batches(tree: Any, num_micro_batches: int) -> Any:
+  """[batch, ...] leaves -> [num_micro_batches, batch // num_micro_batches, ...].
+
+  Strided split: micro-batch k holds rows k, k + n, k + 2n, ... With the batch sharded in
+  contiguous blocks over data-parallel devices, every device keeps exactly its own rows in
+  every micro-batch, so the split moves no data between devices.
+  """
+  def split(x):
+    b = x.shape[0]
+    if b % num_micro_batches:
+      raise ValueError(f"batch {b} is not divisible into {num_micro_batches} micro-batches")
+    x = x.reshape(b // num_micro_batches, num_micro_batches, *x.shape[1:])
+    return jnp.swapaxes(x, 0, 1)
+  return jax.tree.map(split, tree)
+
+
+def microbatched_value_and_grad(loss_fn: Callable, params: Any, batch: Any,
+                                num_micro_batches: int):
+  """Sum of value_and_grad(loss_fn) over micro-batches, accumulated in a lax.scan.
+
+  Args:
+    loss_fn: (params, micro_batch) -> (loss, aux), where loss and every aux leaf are SUMS
+      of per-row contributions already weighted with whole-mini-batch weights (see
+      `reduction_weights`), so that summing over micro-batches gives the mini-batch value.
+    params: differentiated pytree.
+    batch: pytree of [batch, ...] arrays.
+    num_micro_batches: how many sequential micro-batches; 1 = no scan.
+
+  Returns:
+    (loss, aux), grads: each the sum over micro-batches (float32 accumulators).
+  """
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  if num_micro_batches == 1:
+    return grad_fn(params, batch)
+  micro = split_micro_batches(batch, num_micro_batches)
+  first = jax.tree.map(lambda x: x[0], micro)
+  out_shape = jax.eval_shape(grad_fn, params, first)
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.promote_types(s.dtype, jnp.float32)),
+                       out_shape)
+
+  def body(acc, mb):
+    out = grad_fn(params, mb)
+    return jax.tree.map(lambda a, o: a + o.astype(a.dtype), acc, out), None
+
+  acc, _ = jax.lax.scan(body, zeros, micro)
+  return acc

@@ -1,0 +1,167 @@
+"""Loss reductions: hand-made batches with known answers, numpy transcriptions, micro-batching."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rl import grpo
+
+MODES = ["token_mean", "prompt_mean", "sequence_mean", "seq_mean_token_sum_norm"]
+
+# Two prompts of two samples. Prompt 0 has long answers, prompt 1 short ones, so the token
+# mean is dominated by prompt 0's tokens while the prompt mean weighs both prompts equally.
+# Masked positions hold 100.0 to show that they are ignored.
+_MASK = np.array([[1, 1, 1, 1],
+                  [1, 1, 0, 0],
+                  [1, 0, 0, 0],
+                  [1, 0, 0, 0]], np.float32)
+_LOSS = np.array([[1, 1, 1, 1],
+                  [3, 3, 100, 100],
+                  [10, 100, 100, 100],
+                  [6, 100, 100, 100]], np.float32)
+_GROUPS = np.array([0, 0, 1, 1], np.int32)
+
+
+@pytest.mark.parametrize("mode,max_len,expected", [
+    ("token_mean", None, (4 + 6 + 10 + 6) / 8),                     # 3.25
+    ("prompt_mean", None, ((4 + 6) / 6 + (10 + 6) / 2) / 2),        # 4.8333
+    ("sequence_mean", None, (1 + 3 + 10 + 6) / 4),                  # 5.0
+    ("seq_mean_token_sum_norm", None, (4 + 6 + 10 + 6) / 4 / 4),    # 1.625
+    ("seq_mean_token_sum_norm", 8, (4 + 6 + 10 + 6) / 8 / 4),       # 0.8125
+])
+def test_hand_made_batch(mode, max_len, expected):
+  got = grpo.reduce_loss(jnp.asarray(_LOSS), jnp.asarray(_MASK), jnp.asarray(_GROUPS), mode,
+                         max_seq_len=max_len)
+  np.testing.assert_allclose(float(got), expected, rtol=1e-6)
+
+
+def test_token_mean_differs_from_prompt_mean():
+  args = (jnp.asarray(_LOSS), jnp.asarray(_MASK), jnp.asarray(_GROUPS))
+  tm = float(grpo.reduce_loss(*args, "token_mean"))
+  pm = float(grpo.reduce_loss(*args, "prompt_mean"))
+  assert abs(tm - 3.25) < 1e-6 and abs(pm - 29 / 6) < 1e-6
+  assert abs(tm - pm) > 1.0
+
+
+def test_dead_rows_neither_add_nor_dilute():
+  """A padding row (empty mask) in its own group changes no reduction."""
+  mask = np.concatenate([_MASK, np.zeros((1, 4), np.float32)])
+  loss = np.concatenate([_LOSS, np.full((1, 4), 7.0, np.float32)])
+  groups = np.array([0, 0, 1, 1, 5], np.int32)
+  for mode in MODES:
+    a = grpo.reduce_loss(jnp.asarray(_LOSS), jnp.asarray(_MASK), jnp.asarray(_GROUPS), mode)
+    b = grpo.reduce_loss(jnp.asarray(loss), jnp.asarray(mask), jnp.asarray(groups), mode)
+    np.testing.assert_allclose(float(a), float(b), rtol=1e-6, err_msg=mode)
+
+
+def _numpy_reduce(loss, mask, groups, mode, max_len=None):
+  """Direct transcription of DESIGN.md section 5 (live sequences / groups only)."""
+  n = mask.sum(1)
+  live = n > 0
+  if mode == "token_mean":
+    return (mask * loss).sum() / mask.sum()
+  if mode == "sequence_mean":
+    return np.mean([(mask[i] * loss[i]).sum() / n[i] for i in range(len(n)) if live[i]])
+  if mode == "seq_mean_token_sum_norm":
+    max_len = max_len or loss.shape[1]
+    return np.mean([(mask[i] * loss[i]).sum() / max_len for i in range(len(n)) if live[i]])
+  if mode == "prompt_mean":
+    per_prompt = []
+    for g in np.unique(groups):
+      rows = groups == g
+      if n[rows].sum() == 0:
+        continue
+      per_prompt.append((mask[rows] * loss[rows]).sum() / n[rows].sum())
+    return np.mean(per_prompt)
+  raise ValueError(mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_random_batches_match_numpy(mode):
+  rng = np.random.default_rng(0)
+  for trial in range(5):
+    b, t = 12, 9
+    lengths = rng.integers(0, t + 1, size=b)
+    lengths[0] = t                                   # at least one live row
+    mask = (np.arange(t)[None, :] < lengths[:, None]).astype(np.float32)
+    mask[:, 0] *= rng.integers(0, 2, size=b)         # some holes, not only right padding
+    mask[0, 0] = 1
+    loss = rng.normal(size=(b, t)).astype(np.float32)
+    groups = rng.permutation(np.repeat(rng.choice(1000, 4, replace=False), 3)).astype(np.int32)
+    got = grpo.reduce_loss(jnp.asarray(loss), jnp.asarray(mask), jnp.asarray(groups), mode)
+    want = _numpy_reduce(loss, mask, groups, mode)
+    np.testing.assert_allclose(float(got), want, rtol=1e-5, atol=1e-6, err_msg=f"{mode} {trial}")
+
+
+def test_unknown_mode_is_an_error():
+  with pytest.raises(ValueError, match="unknown loss reduction"):
+    grpo.reduce_loss(jnp.ones((1, 1)), jnp.ones((1, 1)), jnp.zeros((1,), jnp.int32), "nope")
+
+
+# ----------------------------------------------------------------------------- micro-batching
+
+
+def _stand_in_batch(seed=0, b=8, t=6, d=5):
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(1, t + 1, size=b)
+  mask = (np.arange(t)[None, :] < lengths[:, None]).astype(np.float32)
+  return {
+      "x": jnp.asarray(rng.normal(size=(b, t, d)).astype(np.float32)),
+      "mask": jnp.asarray(mask),
+      "groups": jnp.asarray(np.array([3, 9, 3, 9, 1, 1, 9, 3], np.int32)[:b]),
+  }
+
+
+def _stand_in_params(d=5):
+  return {"w": jnp.linspace(-0.5, 0.7, d, dtype=jnp.float32), "b": jnp.float32(0.1)}
+
+
+def _token_loss(params, x):
+  """A small differentiable stand-in for -A * ratio: [batch, seq]."""
+  h = x @ params["w"] + params["b"]
+  return jnp.tanh(h) ** 2 + 0.3 * h
+
+
+def _loss_fn(params, mb):
+  l = _token_loss(params, mb["x"])
+  loss = jnp.sum(mb["weights"] * l)
+  return loss, {"tokens": jnp.sum(mb["mask"])}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_micro_batches_give_same_loss_and_grads(mode):
+  batch = _stand_in_batch()
+  params = _stand_in_params()
+  batch["weights"] = grpo.reduction_weights(batch["mask"], batch["groups"], mode)
+
+  direct = lambda p: grpo.reduce_loss(_token_loss(p, batch["x"]), batch["mask"], batch["groups"],
+                                      mode)
+  ref_loss, ref_grads = jax.value_and_grad(direct)(params)
+  for n in (1, 2, 4):
+    fn = jax.jit(lambda p, bt, n=n: grpo.microbatched_value_and_grad(_loss_fn, p, bt, n))
+    (loss, aux), grads = fn(params, batch)
+    np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5, err_msg=f"{mode} n={n}")
+    np.testing.assert_allclose(float(aux["tokens"]), float(batch["mask"].sum()))
+    for k in grads:
+      np.testing.assert_allclose(np.asarray(grads[k]), np.asarray(ref_grads[k]), rtol=1e-5,
+                                 atol=1e-7, err_msg=f"{mode} n={n} {k}")
+
+
+def test_naive_per_micro_batch_mean_would_differ():
+  """Guards the test above: averaging per-micro-batch token means is NOT the token mean."""
+  batch = _stand_in_batch()
+  l = _token_loss(_stand_in_params(), batch["x"])
+  m = batch["mask"]
+  exact = float(grpo.reduce_loss(l, m, batch["groups"], "token_mean"))
+  parts = grpo.split_micro_batches({"l": l, "m": m}, 4)
+  naive = np.mean([float((parts["l"][k] * parts["m"][k]).sum() / parts["m"][k].sum())
+                   for k in range(4)])
+  assert abs(naive - exact) > 1e-3
+
+
+def test_split_is_strided():
+  x = jnp.arange(8)
+  np.testing.assert_array_equal(np.asarray(grpo.split_micro_batches(x, 2)),
+                                [[0, 2, 4, 6], [1, 3, 5, 7]])
+  with pytest.raises(ValueError, match="not divisible"):
+    grpo.split_micro_batches(jnp.arange(6), 4)
