@@ -112,69 +112,42 @@ def get_config() -> ml_collections.ConfigDict:
   c.rl.kl.coef = 0.0                 # KL-to-reference penalty weight; 0 = off (needs ref_logprobs)
   c.rl.kl.estimator = "k3"           # k1 | k3
 
-  # Optimizer (optax AdamW).
-  c.optim = ml_collections.ConfigDict()
-  c.optim.lr = 1e-6                  # peak learning rate
-  c.optim.b1 = 0.9                   # Adam beta1
-  c.optim.b2 = 0.98                  # Adam beta2
-  c.optim.eps = 1e-8                 # Adam epsilon
-  c.optim.weight_decay = 0.01        # decoupled weight decay
-  c.optim.grad_clip = 1.0            # clip by global norm; 0 = off
-  c.optim.warmup_steps = 0           # linear warmup from 0 to lr
-  c.optim.schedule = "constant"      # after warmup: constant | cosine
-  c.optim.decay_steps = 0            # cosine length after warmup; 0 = train.steps - warmup
-  c.optim.min_lr_ratio = 0.0         # cosine floor as a fraction of lr
-  c.optim.mu_dtype = "float32"       # dtype of Adam's first moment
+  # Agent worlds, apps (MCP gateway), sandbox and tasks (envs/worlds, envs/apps, envs/tasks).
+  c.envs = ml_collections.ConfigDict()
+  c.envs.seed = 0                    # world/task generation seed (same seed -> identical bytes)
+  c.envs.worlds_root = "runs/worlds"  # where rendered worlds are cached (rebuilt if settings change)
+  c.envs.worlds_per_domain = 11      # 3 domains x 11 = 33 worlds, as in APEX-Agents
+  c.envs.eval_worlds_per_domain = 3  # the first K worlds of each domain serve only the eval split
+  c.envs.entities_per_world = 8      # companies / units / counterparties that tasks ask about
+  c.envs.distractor_entities_per_world = 4  # same kinds of files, never asked about
+  c.envs.people_per_world = 8        # colleagues with mailboxes and chat handles
+  c.envs.note_files_per_world = 60   # cheap distractor files (drafts, notes, exports) per world
+  c.envs.generation_workers = 2      # processes rendering worlds in parallel
+  c.envs.train_tasks = 1928          # train split size (spread evenly over domains)
+  c.envs.eval_tasks_per_domain = 160  # eval split = 3 x this
+  c.envs.level_weights = (0.34, 0.33, 0.33)  # share of levels 1 / 2 / 3 among generated tasks
+  c.envs.answer_rel_tol = 0.005      # relative tolerance of numeric answer criteria
+  c.envs.max_numbers_in_answer = 8   # a final answer quoting more numbers fails numeric criteria
+  c.envs.judge_endpoint = ""         # URL of a judge model for judge criteria; "" = none
+  c.envs.tool_output_chars = 42_000  # tool results are cut to this many characters (server side)
+  c.envs.tool_time_limit_s = 20.0    # server-side limit of one tool call (returns a tool error)
+  c.envs.client_timeout_s = 60.0     # client-side read timeout of one MCP request
+  c.envs.gateway_start_timeout_s = 60.0  # spawn + MCP handshake of a gateway process
+  c.envs.sandbox = ml_collections.ConfigDict()
+  c.envs.sandbox.wall_s = 10.0       # wall clock of one code run; the process group is killed after
+  c.envs.sandbox.cpu_s = 8           # RLIMIT_CPU seconds
+  c.envs.sandbox.memory_mb = 1024    # RLIMIT_AS of the sandboxed interpreter
+  c.envs.sandbox.file_size_mb = 16   # RLIMIT_FSIZE: largest file a run may write
+  c.envs.sandbox.open_files = 64     # RLIMIT_NOFILE
+  c.envs.sandbox.max_processes = 32  # processes in the run's session before it counts as a fork bomb
+  c.envs.sandbox.namespaces = True   # use unshare (user, net, mount, pid namespaces) where the kernel allows
 
-  # Training loop shape.
-  c.train = ml_collections.ConfigDict()
-  c.train.steps = 100                # optimizer steps of the run
-  c.train.prompts_per_step = 16      # prompt groups per rollout batch
-  c.train.samples_per_prompt = 16    # samples per prompt (group size)
-  c.train.mini_batches = 1           # optimizer updates per rollout batch (1 = on-policy)
-  c.train.micro_batches = 1          # gradient-accumulation splits of a mini-batch (lax.scan)
-  c.train.seq_len = 256              # padded token length of a training row
-  c.train.max_context = 160_000      # recipe's maximum trajectory context (tokens)
-  c.train.log_every = 1              # steps between metric logs
-
-  # Checkpoints (orbax CheckpointManager).
-  c.checkpoint = ml_collections.ConfigDict()
-  c.checkpoint.dir = ""              # "" = <workdir>/<name>/checkpoints
-  c.checkpoint.save_every = 50       # steps between saves; 0 = never
-  c.checkpoint.keep = 3              # keep the last K checkpoints
-  c.checkpoint.async_save = True     # write in a background thread
-
-  # RL maths (rl/advantages.py, rl/policy_losses.py, rl/grpo.py). Defaults = the report's recipe.
-  c.rl = ml_collections.ConfigDict()
-  c.rl.advantage = "grpo"            # advantage estimator: grpo | rloo
-  c.rl.grpo_norm_by_std = False      # GRPO: divide by the group std (the recipe does not)
-  c.rl.advantage_eps = 1e-6          # added to the std when normalising
-  c.rl.filter_zero_variance = True   # drop groups whose rewards are all equal (no signal)
-  c.rl.policy_loss = "dppo_binary_tv"  # ppo | gspo | rollout_is | dppo_binary_tv
-  c.rl.loss_reduction = "prompt_mean"  # token_mean | prompt_mean | sequence_mean | seq_mean_token_sum_norm
-  c.rl.max_seq_len = 0               # constant of seq_mean_token_sum_norm; 0 = the batch's seq length
-  c.rl.temperature = 1.0             # sampling temperature; logits are divided by it for logprobs
-  c.rl.recompute_old_logprobs = False  # True: old logprobs = this step's params before any update
-  c.rl.moe_aux_loss_coef = 0.0       # weight of the MoE load-balancing loss; 0 = off
-  c.rl.ppo = ml_collections.ConfigDict()
-  c.rl.ppo.eps_low = 0.2             # PPO ratio clip below 1
-  c.rl.ppo.eps_high = 0.28           # PPO ratio clip above 1 (clip-higher)
-  c.rl.ppo.dual_clip_c = 0.0         # dual clip constant (> 1, e.g. 3); 0 = off
-  c.rl.gspo = ml_collections.ConfigDict()
-  c.rl.gspo.eps_low = 3e-4           # GSPO sequence-ratio clip below 1
-  c.rl.gspo.eps_high = 4e-4          # GSPO sequence-ratio clip above 1
-  c.rl.rollout_is = ml_collections.ConfigDict()
-  c.rl.rollout_is.eps_low = 0.5      # rollout_is: weight zeroed when pi/pi_rollout <= 1 - eps_low
-  c.rl.rollout_is.eps_high = 4.0     # rollout_is: weight zeroed when pi/pi_rollout >= 1 + eps_high
-  c.rl.dppo = ml_collections.ConfigDict()
-  c.rl.dppo.delta_low = 0.15         # binary-TV: max drop of p(token) vs rollout on A <= 0
-  c.rl.dppo.delta_high = 0.15        # binary-TV: max rise of p(token) vs rollout on A > 0
-  c.rl.tis = ml_collections.ConfigDict()
-  c.rl.tis.mode = "none"             # truncated IS vs rollout logprobs: none | token | sequence
-  c.rl.tis.cap = 2.0                 # truncation of the TIS weight
-  c.rl.kl = ml_collections.ConfigDict()
-  c.rl.kl.coef = 0.0                 # KL-to-reference penalty weight; 0 = off (needs ref_logprobs)
-  c.rl.kl.estimator = "k3"           # k1 | k3
+  c.policy = "oracle"                # scripted policy for --mode=eval: oracle | null | model
+  c.eval = ml_collections.ConfigDict()
+  c.eval.split = "eval"              # split to evaluate: train | eval
+  c.eval.max_tasks = 0               # evaluate only the first N tasks of the split; 0 = all
+  c.eval.concurrency = 4             # concurrent episodes (one gateway process each)
+  c.eval.transport = "mcp"           # mcp = real stdio MCP gateways; local = in-process tools (grading logic only)
 
   # Optimizer (optax AdamW).
   c.optim = ml_collections.ConfigDict()

@@ -1,0 +1,83 @@
+"""The MCP gateway of one world: every app's tools in one stdio MCP server (mcp 2.3 MCPServer).
+
+  python -m envs.apps.server --world_dir <working copy> --envs_json '<config.envs as JSON>'
+
+Tool names carry their app as prefix (`spreadsheets_read_sheet`, `mail_send_message`, ...).
+Each call runs in a worker thread under a server-side time limit (mcp has none of its own),
+and its text is cut to `tool_output_chars`. Failures come back as is_error results whose text
+starts with "[kind]" (see envs.apps.tools.ToolFailure). The server's `instructions` carry the
+world id and the sandbox isolation level, which the server also logs to stderr at start.
+"""
+import argparse
+import asyncio
+import inspect
+import json
+import logging
+import os
+import sys
+
+import ml_collections
+from mcp.server import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+from envs import sandbox
+from envs.apps import tools as tools_lib
+
+
+def build_server(world_dir: str, envs_cfg) -> MCPServer:
+  """An MCPServer exposing the tools of the world at world_dir (a working copy)."""
+  wt = tools_lib.WorldTools(world_dir, envs_cfg)
+  iso = sandbox.isolation(envs_cfg.sandbox)
+  server = MCPServer(
+      name=f"world-{os.path.basename(os.path.normpath(world_dir))}",
+      instructions=(f"Apps of one knowledge-work world: {', '.join(tools_lib.APPS)}. Paths are "
+                    f"relative to the world's root '/'. code_execution isolation: {iso}"),
+      log_level="WARNING")
+  limit = float(envs_cfg.tool_time_limit_s)
+  cap = int(envs_cfg.tool_output_chars)
+  # One call at a time per world: app state is read-modify-written on disk.
+  gate = asyncio.Lock()
+
+  def make(name):
+    fn = getattr(wt, name)
+
+    async def call(**kwargs):
+      async with gate:
+        try:
+          text = await asyncio.wait_for(asyncio.to_thread(wt.call, name, kwargs), limit)
+        except asyncio.TimeoutError:
+          raise ToolError(f"[timeout] {name} exceeded the {limit:g}s tool time limit") from None
+        except tools_lib.ToolFailure as e:
+          raise ToolError(str(e)) from None
+      return tools_lib.cap_output(text, cap)
+
+    call.__name__ = name
+    call.__doc__ = fn.__doc__
+    call.__signature__ = inspect.signature(fn)
+    call.__annotations__ = dict(fn.__annotations__)
+    return call
+
+  for name in tools_lib.WorldTools.TOOL_NAMES:
+    fn = getattr(wt, name)
+    server.add_tool(make(name), name=name, description=inspect.cleandoc(fn.__doc__ or name),
+                    structured_output=False)
+  server.world_tools = wt  # for in-process use
+  server.isolation = iso
+  return server
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--world_dir", required=True)
+  ap.add_argument("--envs_json", required=True, help="config.envs as JSON")
+  args = ap.parse_args(argv)
+  envs_cfg = ml_collections.ConfigDict(json.loads(args.envs_json))
+  logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+  server = build_server(args.world_dir, envs_cfg)
+  print(f"world gateway {args.world_dir}: isolation {server.isolation}", file=sys.stderr,
+        flush=True)
+  server.run("stdio")
+
+
+if __name__ == "__main__":
+  main()
