@@ -1,0 +1,22 @@
+"""The agent harness: one agent loop per process, token-in/token-out, every error named.
+
+  pool = AgentPool(num_workers, FormatSpec.from_config(c), policy_factory,
+                   LoopSettings.from_config(c), c.harness.kill_grace_s)
+  results = pool.run(episodes)                       # one EpisodeResult per Episode, in order
+  batch = collate(results, c.harness.max_timeouts_per_group, pad_to=c.train.seq_len)
+  metrics = batch_metrics(results)
+"""
+from envs.harness.batch import batch_metrics
+from envs.harness.batch import collate
+from envs.harness.batch import group_train_mask
+from envs.harness.loop import LoopSettings
+from envs.harness.loop import run_episode
+from envs.harness.policy import Action
+from envs.harness.policy import Policy
+from envs.harness.policy import SamplingParams
+from envs.harness.policy import ScriptedPolicy
+from envs.harness.pool import AgentPool
+from envs.harness.pool import FormatSpec
+from envs.harness.trajectory import Trajectory
+from envs.harness.world import Episode
+from envs.harness.world import EpisodeResult

@@ -1,0 +1,241 @@
+"""The agent loop: one episode, token-in/token-out, every call under a deadline.
+
+  prompt ids -> policy (ids in; sampled ids + logprobs out) -> parse tool calls from the
+  sampled ids -> world tools -> observation ids appended -> ... until a final answer,
+  max_turns, the context limit or a failure. Then the world is graded.
+
+The trajectory is append-only (envs.harness.trajectory): sampled ids with their logprobs
+(loss mask 1) and harness-built ids (mask 0). Every way out of the loop is an outcome of the
+taxonomy in envs.harness.errors; anything unexpected is a `harness_bug` with its traceback,
+never an exception that takes the batch down.
+"""
+import dataclasses
+import os
+import time
+import traceback
+from typing import Any
+
+from envs.chat.format import ChatFormat
+from envs.harness import errors as E
+from envs.harness.errors import CallTimeout
+from envs.harness.errors import EpisodeError
+from envs.harness.errors import WorldCrashed
+from envs.harness.policy import FINISH_LENGTH
+from envs.harness.policy import FINISH_REASONS
+from envs.harness.policy import SamplingParams
+from envs.harness.trajectory import Trajectory
+from envs.harness.world import Episode
+from envs.harness.world import EpisodeResult
+from envs.harness.world import call_with_timeout
+
+NUDGE_TEXT = ("[Notice from the system] Your context is almost full: about {left} tokens are "
+              "left. Do not call more tools; give your final answer now.")
+REPAIR_BAD_CALL = ("Error: your tool call could not be parsed: {reason}. Write each call as "
+                   "one <function=NAME> block of <parameter=ARG> blocks inside tool-call tags, "
+                   "in the format given in the system prompt, or answer without calling a tool.")
+REPAIR_UNKNOWN_TOOL = ("Error: there is no tool named {names}. Available tools: {tools}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSettings:
+  """The knobs of the agent loop, read once from the config (picklable for the workers)."""
+  max_turns: int
+  max_context: int
+  max_tokens_per_turn: int
+  repair_attempts: int
+  nudge: bool
+  nudge_fraction: float
+  nudge_once: bool
+  world_start_timeout_s: float
+  model_timeout_s: float
+  tool_timeout_s: float
+  grade_timeout_s: float
+  episode_timeout_s: float
+  temperature: float
+  top_p: float
+  top_k: int
+
+  @classmethod
+  def from_config(cls, c) -> "LoopSettings":
+    h = c.harness
+    return cls(
+        max_turns=h.max_turns, max_context=c.train.max_context,
+        max_tokens_per_turn=h.max_tokens_per_turn, repair_attempts=h.repair_attempts,
+        nudge=h.nudge, nudge_fraction=h.nudge_fraction, nudge_once=h.nudge_once,
+        world_start_timeout_s=h.world_start_timeout_s, model_timeout_s=h.model_timeout_s,
+        tool_timeout_s=h.tool_timeout_s, grade_timeout_s=h.grade_timeout_s,
+        episode_timeout_s=h.episode_timeout_s, temperature=c.rl.temperature, top_p=h.top_p,
+        top_k=h.top_k)
+
+
+class _Clock:
+  """The episode deadline, and the time spent in each kind of call."""
+
+  def __init__(self, budget_s: float):
+    self.start = time.monotonic()
+    self.deadline = self.start + budget_s
+    self.spent: dict[str, float] = {}
+
+  def remaining(self) -> float:
+    return self.deadline - time.monotonic()
+
+  def guarded(self, kind: str, fn, limit_s: float, on_timeout: str, what: str):
+    """Runs fn under min(limit, time left); a timeout becomes `on_timeout` or, when the
+    episode deadline was the binding one, `episode_timeout`."""
+    left = self.remaining()
+    if left <= 0:
+      raise EpisodeError(E.EPISODE_TIMEOUT, f"no time left before {what}")
+    t0 = time.monotonic()
+    try:
+      return call_with_timeout(fn, min(limit_s, left), what)
+    except CallTimeout as e:
+      if left < limit_s:
+        raise EpisodeError(E.EPISODE_TIMEOUT, f"episode deadline reached during {what}") from e
+      raise EpisodeError(on_timeout, str(e)) from e
+    finally:
+      self.spent[kind] = self.spent.get(kind, 0.0) + time.monotonic() - t0
+
+
+def _schemas(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+  out = {}
+  for t in tools:
+    f = t.get("function", t)
+    out[f["name"]] = f.get("parameters") or {}
+  return out
+
+
+def _check_sample(ids, logprobs, finish, max_tokens: int, vocab_size: int) -> None:
+  if finish not in FINISH_REASONS:
+    raise EpisodeError(E.ENGINE_ERROR, f"unknown finish reason {finish!r}")
+  if not ids:
+    raise EpisodeError(E.ENGINE_ERROR, "the engine returned no tokens")
+  if len(ids) != len(logprobs):
+    raise EpisodeError(E.ENGINE_ERROR, f"{len(ids)} ids but {len(logprobs)} logprobs")
+  if len(ids) > max_tokens:
+    raise EpisodeError(E.ENGINE_ERROR, f"{len(ids)} ids returned for max_tokens={max_tokens}")
+  bad = [i for i in ids if not 0 <= int(i) < vocab_size]
+  if bad:
+    raise EpisodeError(E.ENGINE_ERROR, f"out-of-vocabulary ids {bad[:5]}")
+
+
+def run_episode(episode: Episode, policy, fmt: ChatFormat, s: LoopSettings) -> EpisodeResult:
+  """Runs one episode to an outcome; never raises."""
+  clock = _Clock(s.episode_timeout_s)
+  res = EpisodeResult(task_id=episode.task_id, group_id=episode.group_id,
+                      sample_index=episode.sample_index, outcome=E.HARNESS_BUG,
+                      worker_pid=os.getpid(), meta=dict(episode.meta))
+  events = {k: 0 for k in E.EVENTS}
+  traj = None
+  world = None
+  answer = None
+  try:
+    try:
+      world = clock.guarded("world_start", episode.world.start, s.world_start_timeout_s,
+                            E.WORLD_CRASH, "world start")
+      tools = clock.guarded("world_start", world.tools, s.world_start_timeout_s,
+                            E.WORLD_CRASH, "list tools")
+    except EpisodeError:
+      raise
+    except Exception as e:  # noqa: BLE001 - any failure to start is the world's
+      raise EpisodeError(E.WORLD_CRASH, f"world failed to start: {type(e).__name__}: {e}") from e
+    schemas = _schemas(tools)
+    traj = Trajectory(fmt.prompt_ids(tools, episode.prompt, episode.system_prompt))
+    sampling = SamplingParams(s.temperature, s.top_p, s.top_k, episode.seed)
+    repairs = nudges = 0
+    while True:
+      if res.turns >= s.max_turns:
+        raise EpisodeError(E.MAX_TURNS, f"{res.turns} turns without a final answer")
+      left = s.max_context - len(traj)
+      if left <= 0:
+        raise EpisodeError(E.CONTEXT_OVERFLOW, f"context full ({len(traj)} tokens)")
+      max_tokens = min(s.max_tokens_per_turn, left)
+      prompt = traj.ids()
+      try:
+        ids, logprobs, finish = clock.guarded(
+            "model", lambda: policy.generate(prompt, sampling, max_tokens, fmt.stop_ids),
+            s.model_timeout_s, E.ENGINE_ERROR, "model call")
+      except EpisodeError as e:
+        res.tainted = True  # the abandoned call may still hold a connection or a thread
+        raise e
+      except Exception as e:  # noqa: BLE001 - the engine's failures are engine errors
+        raise EpisodeError(E.ENGINE_ERROR, f"{type(e).__name__}: {e}") from e
+      _check_sample(ids, logprobs, finish, max_tokens, fmt.tok.vocab_size)
+      traj.append_sampled(ids, logprobs)
+      res.turns += 1
+      turn = fmt.parse(ids, schemas)
+      if finish == FINISH_LENGTH and max_tokens == left:
+        raise EpisodeError(E.CONTEXT_OVERFLOW, f"turn {res.turns} cut by the context limit")
+      results: list[str] = []
+      unknown = [c.name for c in turn.tool_calls if c.name not in schemas]
+      if turn.error is not None or unknown:
+        kind = E.BAD_TOOL_CALL if turn.error is not None else E.UNKNOWN_TOOL
+        events[kind] += 1
+        if repairs >= s.repair_attempts:
+          why = turn.error.reason if turn.error is not None else f"unknown tool(s) {unknown}"
+          raise EpisodeError(kind, f"{why} (after {repairs} repair messages)")
+        repairs += 1
+        events["repair"] += 1
+        if turn.error is not None:
+          results = [REPAIR_BAD_CALL.format(reason=turn.error.reason)]
+        else:
+          results = [REPAIR_UNKNOWN_TOOL.format(names=", ".join(repr(n) for n in unknown),
+                                                tools=", ".join(sorted(schemas)))]
+      elif not turn.tool_calls:
+        answer = turn.content
+        res.outcome = E.OK
+        traj.append_context(fmt.close_turn_ids(ids))
+        break
+      else:
+        for call in turn.tool_calls:
+          try:
+            out = clock.guarded("tool", lambda c=call: world.call_tool(c.name, c.arguments),
+                                s.tool_timeout_s, E.TOOL_TIMEOUT, f"tool {call.name}")
+          except WorldCrashed as e:
+            raise EpisodeError(E.WORLD_CRASH, f"during tool {call.name}: {e}") from e
+          if out.is_error:
+            events[E.TOOL_ERROR] += 1
+          results.append(out.text)
+      obs = fmt.observation_ids(ids, results)
+      left_next = s.max_context - len(traj) - len(obs)
+      if (s.nudge and left_next <= s.nudge_fraction * s.max_context
+          and not (s.nudge_once and nudges)):
+        notice = NUDGE_TEXT.format(left=max(left_next, 0))
+        results[-1] = results[-1].rstrip() + "\n\n" + notice
+        obs = fmt.observation_ids(ids, results)
+        nudges += 1
+        events["nudge"] += 1
+        res.meta["nudge_at_tokens"] = len(traj) + len(obs)
+      traj.append_context(obs)
+  except EpisodeError as e:
+    res.outcome, res.detail = e.outcome, e.detail
+  except Exception as e:  # noqa: BLE001 - the taxonomy's catch-all, with the evidence
+    res.outcome = E.HARNESS_BUG
+    res.detail = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}"
+  if res.outcome in E.GRADED and world is not None:
+    try:
+      g = clock.guarded("grade", lambda: world.grade(answer or ""), s.grade_timeout_s,
+                        E.HARNESS_BUG, "grading")
+      res.reward, res.passed, res.grade_details = float(g.reward), bool(g.passed), g.details
+    except EpisodeError as e:
+      res.outcome, res.detail = e.outcome, e.detail
+    except Exception as e:  # noqa: BLE001
+      res.outcome, res.detail = E.HARNESS_BUG, f"grading failed: {type(e).__name__}: {e}"
+  if world is not None:
+    t0 = time.monotonic()
+    try:
+      # close() kills the world process; it also unblocks any abandoned tool call.
+      call_with_timeout(world.close, 10.0, "world close")
+    except Exception:  # noqa: BLE001 - a world that will not close taints the process
+      res.tainted = True
+    clock.spent["close"] = time.monotonic() - t0
+  if traj is not None:
+    res.tokens = list(traj.tokens)
+    res.loss_mask = list(traj.loss_mask)
+    res.rollout_logprobs = list(traj.logprobs)
+    res.prompt_len = traj.prompt_len
+  res.final_answer = answer or ""
+  res.events = {k: v for k, v in events.items() if v}
+  total = time.monotonic() - clock.start
+  res.timing = dict(clock.spent, total=total)
+  res.timing["harness"] = total - sum(clock.spent.values())
+  return res

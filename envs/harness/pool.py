@@ -1,0 +1,222 @@
+"""One agent loop per process: a pool of workers that each run one episode at a time.
+
+Why processes: a tool that wedges a C extension, leaks memory or segfaults takes down its
+own process, not the batch. Each worker runs in its own process group, so that killing it
+also kills the world (MCP gateway) processes it started.
+
+The parent enforces the outer deadline: a worker still busy `kill_grace_s` after its
+episode's own timeout is killed (outcome `episode_timeout`); a worker that dies is recorded
+(outcome `harness_bug`, with its exit code) and replaced; either way the batch goes on and
+every other trajectory is kept. A worker whose episode abandoned a hung call (`tainted`) is
+recycled after returning its result.
+"""
+import dataclasses
+import multiprocessing as mp
+import os
+import signal
+import time
+import traceback
+from multiprocessing import connection
+from typing import Any, Callable, Sequence
+
+from envs.harness import errors as E
+from envs.harness.loop import LoopSettings
+from envs.harness.loop import run_episode
+from envs.harness.world import Episode
+from envs.harness.world import EpisodeResult
+
+
+@dataclasses.dataclass(frozen=True)
+class FormatSpec:
+  """How a worker builds its tokenizer and chat format (picklable)."""
+  tokenizer_path: str = ""
+  special_ids: str = "tiny"
+  thinking: bool = True
+
+  @classmethod
+  def from_config(cls, c) -> "FormatSpec":
+    return cls(c.tokenizer.path, c.tokenizer.special_ids, c.tokenizer.thinking)
+
+  def build(self):
+    from envs.chat.format import ChatFormat
+    from envs.chat.tokenizer import load_tokenizer
+    return ChatFormat(load_tokenizer(self.tokenizer_path, self.special_ids), self.thinking)
+
+
+class PoolInitError(RuntimeError):
+  """A worker could not build its tokenizer or policy: a configuration error, not a rollout's."""
+
+
+def _worker_main(conn, fmt_spec: FormatSpec, policy_factory, settings: LoopSettings):
+  # Own process group: the parent's killpg takes the world processes down with us.
+  os.setpgrp()
+  try:
+    fmt = fmt_spec.build()
+    policy = policy_factory(fmt)
+  except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
+    conn.send(("init_error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+    return
+  conn.send(("ready", os.getpid()))
+  while True:
+    try:
+      episode = conn.recv()
+    except (EOFError, OSError):
+      return
+    if episode is None:
+      return
+    conn.send(("result", run_episode(episode, policy, fmt, settings)))
+
+
+@dataclasses.dataclass
+class _Worker:
+  proc: Any
+  conn: Any
+  job: tuple[int, Episode, float] | None = None  # (index, episode, kill deadline)
+
+
+class AgentPool:
+  """A fixed number of agent-loop processes.
+
+  Args:
+    num_workers: processes (= concurrent episodes).
+    fmt_spec: tokenizer and chat format of the workers.
+    policy_factory: picklable callable `ChatFormat -> Policy`, called once in each worker.
+    settings: the loop settings.
+    kill_grace_s: how long past an episode's timeout the parent waits before killing.
+    start_method: multiprocessing start method; "spawn" is safe with threads in the parent
+      (JAX, gRPC), where fork is not.
+  """
+
+  def __init__(self, num_workers: int, fmt_spec: FormatSpec, policy_factory: Callable,
+               settings: LoopSettings, kill_grace_s: float = 10.0, start_method: str = "spawn"):
+    if num_workers < 1:
+      raise ValueError("num_workers must be >= 1")
+    self._ctx = mp.get_context(start_method)
+    self._args = (fmt_spec, policy_factory, settings)
+    self._settings = settings
+    self._grace = kill_grace_s
+    self.deaths: list[dict[str, Any]] = []   # every worker lost: pid, exit code, why
+    self.recycled = 0
+    self._workers = [self._spawn() for _ in range(num_workers)]
+    for w in self._workers:
+      self._await_ready(w)
+
+  def _spawn(self) -> _Worker:
+    parent, child = self._ctx.Pipe()
+    proc = self._ctx.Process(target=_worker_main, args=(child,) + self._args, daemon=True)
+    proc.start()
+    child.close()
+    return _Worker(proc, parent)
+
+  def _await_ready(self, w: _Worker, timeout: float = 120.0) -> None:
+    if not w.conn.poll(timeout):
+      self._kill(w)
+      raise PoolInitError(f"agent process {w.proc.pid} did not start within {timeout}s")
+    try:
+      kind, payload = w.conn.recv()
+    except (EOFError, OSError) as e:
+      raise PoolInitError(f"agent process {w.proc.pid} died while starting "
+                          f"(exit code {w.proc.exitcode})") from e
+    if kind != "ready":
+      self._kill(w)
+      raise PoolInitError(f"agent process failed to start: {payload}")
+
+  @staticmethod
+  def _kill(w: _Worker) -> None:
+    try:
+      os.killpg(w.proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+      pass
+    try:
+      w.proc.kill()
+    except Exception:  # noqa: BLE001 - already gone
+      pass
+    w.proc.join(5)
+    w.conn.close()
+
+  def _replace(self, i: int) -> None:
+    self._kill(self._workers[i])
+    self._workers[i] = self._spawn()
+    self._await_ready(self._workers[i])
+
+  @property
+  def size(self) -> int:
+    return len(self._workers)
+
+  @property
+  def pids(self) -> list[int]:
+    return [w.proc.pid for w in self._workers]
+
+  def run(self, episodes: Sequence[Episode]) -> list[EpisodeResult]:
+    """Runs every episode; returns one result per episode, in order, whatever happens."""
+    results: list[EpisodeResult | None] = [None] * len(episodes)
+    pending = list(enumerate(episodes))[::-1]
+    budget = self._settings.episode_timeout_s + self._grace
+    while pending or any(w.job for w in self._workers):
+      for w in self._workers:
+        if w.job is None and pending:
+          idx, ep = pending.pop()
+          w.job = (idx, ep, time.monotonic() + budget)
+          w.conn.send(ep)
+      busy = [w for w in self._workers if w.job]
+      wait_s = max(0.0, min(w.job[2] for w in busy) - time.monotonic())
+      ready = connection.wait([w.conn for w in busy] + [w.proc.sentinel for w in busy],
+                              timeout=wait_s)
+      now = time.monotonic()
+      for i, w in enumerate(self._workers):
+        if w.job is None:
+          continue
+        idx, ep, deadline = w.job
+        if w.conn in ready:
+          try:
+            kind, res = w.conn.recv()
+          except (EOFError, OSError):
+            kind, res = None, None
+          if kind == "result":
+            results[idx] = res
+            w.job = None
+            if res.tainted:
+              self.recycled += 1
+              self._replace(i)
+            continue
+        if w.proc.sentinel in ready or (w.conn in ready and not w.proc.is_alive()):
+          w.proc.join(1)
+          code = w.proc.exitcode
+          self.deaths.append(dict(pid=w.proc.pid, exitcode=code, task_id=ep.task_id,
+                                  why="died"))
+          results[idx] = _failed(ep, E.HARNESS_BUG,
+                                 f"agent process {w.proc.pid} died (exit code {code})")
+          w.job = None
+          self._replace(i)
+        elif now >= deadline:
+          self.deaths.append(dict(pid=w.proc.pid, exitcode=None, task_id=ep.task_id,
+                                  why="killed at the episode deadline"))
+          results[idx] = _failed(ep, E.EPISODE_TIMEOUT,
+                                 f"agent process {w.proc.pid} still busy {self._grace}s after "
+                                 f"the episode timeout; killed")
+          w.job = None
+          self._replace(i)
+    return results  # type: ignore[return-value]
+
+  def close(self) -> None:
+    for w in self._workers:
+      try:
+        w.conn.send(None)
+      except (OSError, BrokenPipeError):
+        pass
+    for w in self._workers:
+      w.proc.join(2)
+      if w.proc.is_alive():
+        self._kill(w)
+    self._workers = []
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+def _failed(ep: Episode, outcome: str, detail: str) -> EpisodeResult:
+  return EpisodeResult(task_id=ep.task_id, group_id=ep.group_id, sample_index=ep.sample_index,
+                       outcome=outcome, detail=detail, meta=dict(ep.meta))
