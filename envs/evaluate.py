@@ -1,0 +1,193 @@
+"""--mode=eval: run a scripted policy over a split and report Pass@1 and mean reward.
+
+  python launch.py --mode=eval --config=configs/tiny_cpu.py --config.policy=oracle
+      [--config.eval.split=train] [--config.eval.transport=local] [--config.eval.max_tasks=50]
+
+Policies: `oracle` replays each task's oracle tool calls through the world's gateway and checks
+that every fact it relies on appears in the tool output; `null` calls no tool and answers "".
+`model` runs a served policy through the harness (envs.harness), not here.
+
+Episodes of one world share a gateway process and a working copy that is reset between
+episodes; `eval.concurrency` episodes run at once (threads driving gateway processes).
+The last printed line is one JSON object: pass_at_1, mean_reward, by_domain, errors.
+"""
+import collections
+import concurrent.futures
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+
+from envs import tasks as tasks_lib
+from envs import worlds
+from envs.apps import gateway as gateway_lib
+from envs.apps import worldstate
+from envs.tasks import rubric
+
+POLICIES = ("oracle", "null", "model")
+
+
+@dataclasses.dataclass
+class EpisodeOutcome:
+  task_id: str
+  domain: str
+  level: int
+  reward: float
+  passed: bool
+  errors: list            # error kinds met in the episode ("tool:<kind>", "oracle_expectation", ...)
+  tool_calls: int
+  wall_s: float
+  criteria: list          # [(description, passed)]
+
+
+def scripted_actions(task, policy: str):
+  """(tool calls [(name, args, expect)], final answer) of a scripted policy for a task."""
+  if policy == "oracle":
+    return [(s["name"], s["args"], s.get("expect", [])) for s in task.oracle_steps], task.oracle_answer
+  if policy == "null":
+    return [], ""
+  raise ValueError(f"no scripted policy {policy!r}")
+
+
+def _expect_ok(text: str, exp: dict, envs_cfg) -> bool:
+  if "number" in exp:
+    return rubric.number_matches(text, exp["number"], exp.get("decimals", 6), 1e-9, 10 ** 9)
+  return exp["text"].lower() in text.lower()
+
+
+def run_episode(task, gw, inst: worldstate.WorldInstance, envs_cfg, policy: str) -> EpisodeOutcome:
+  """One episode of a scripted policy on an open gateway whose world is `inst`."""
+  t0 = time.monotonic()
+  inst.reset(task.input_files)
+  errors = []
+  steps, answer = scripted_actions(task, policy)
+  for name, args, expect in steps:
+    r = gw.call_tool(name, args, timeout=envs_cfg.client_timeout_s)
+    if r.is_error:
+      errors.append(f"tool:{r.error_kind}")
+      continue
+    if any(not _expect_ok(r.text, e, envs_cfg) for e in expect):
+      errors.append("oracle_expectation")
+  try:
+    g = rubric.grade(task, answer, inst.pristine, inst.path, envs_cfg)
+  except Exception:  # a grading bug must show up as an error, not end the run
+    traceback.print_exc()
+    errors.append("grade_error")
+    g = rubric.GradeResult(0.0, False, [])
+  return EpisodeOutcome(task.id, task.domain, task.level, g.reward, g.passed, errors, len(steps),
+                        time.monotonic() - t0, [(r.description, r.passed) for r in g.results])
+
+
+def _chunks(task_list, envs_cfg, concurrency):
+  """Work units: tasks of one world, split so that there are at least `concurrency` units."""
+  by_world = collections.OrderedDict()
+  for t in task_list:
+    by_world.setdefault(t.world_id, []).append(t)
+  units = [list(v) for v in by_world.values()]
+  while len(units) < concurrency and max(len(u) for u in units) > 1:
+    units.sort(key=len, reverse=True)
+    big = units.pop(0)
+    units += [big[:len(big) // 2], big[len(big) // 2:]]
+  return units
+
+
+def run_tasks(task_list, envs_cfg, policy: str, transport: str, concurrency: int,
+              worlds_root: str, work_root: str = None) -> list:
+  """Runs scripted episodes; returns [EpisodeOutcome] in task order."""
+  if transport not in ("mcp", "local"):
+    raise ValueError(f"eval.transport must be mcp or local, got {transport!r}")
+  own_tmp = work_root is None
+  work_root = work_root or tempfile.mkdtemp(prefix="worlds_work_")
+
+  def unit_fn(args):
+    ui, unit = args
+    wid = unit[0].world_id
+    inst = worldstate.WorldInstance(worlds.world_dir(worlds_root, wid),
+                                    os.path.join(work_root, f"{wid}_{ui}"))
+    out = []
+    try:
+      try:
+        gw = (gateway_lib.Gateway(inst.path, envs_cfg) if transport == "mcp"
+              else gateway_lib.LocalGateway(inst.path, envs_cfg))
+      except Exception as e:  # noqa: BLE001 - every start failure is counted, not raised
+        print(f"gateway start failed for {wid}: {type(e).__name__}: {e}", file=sys.stderr)
+        return [EpisodeOutcome(t.id, t.domain, t.level, 0.0, False, ["gateway_start"], 0, 0.0, [])
+                for t in unit]
+      with gw:
+        for t in unit:
+          try:
+            out.append(run_episode(t, gw, inst, envs_cfg, policy))
+          except Exception:  # noqa: BLE001
+            traceback.print_exc()
+            out.append(EpisodeOutcome(t.id, t.domain, t.level, 0.0, False, ["episode_exception"],
+                                      0, 0.0, []))
+    finally:
+      inst.close()
+    return out
+
+  units = _chunks(task_list, envs_cfg, concurrency)
+  try:
+    with concurrent.futures.ThreadPoolExecutor(max(1, concurrency)) as ex:
+      results = [o for outs in ex.map(unit_fn, enumerate(units)) for o in outs]
+  finally:
+    if own_tmp:
+      shutil.rmtree(work_root, ignore_errors=True)
+  order = {t.id: i for i, t in enumerate(task_list)}
+  return sorted(results, key=lambda o: order[o.task_id])
+
+
+def summarize(outcomes: list) -> dict:
+  """pass_at_1, mean_reward, by_domain{domain: {n, pass_at_1, mean_reward}}, errors{kind: n}."""
+  def agg(os_):
+    n = len(os_)
+    return dict(n=n, pass_at_1=sum(o.passed for o in os_) / max(n, 1),
+                mean_reward=sum(o.reward for o in os_) / max(n, 1))
+  by_dom = collections.defaultdict(list)
+  for o in outcomes:
+    by_dom[o.domain].append(o)
+  errors = collections.Counter(e for o in outcomes for e in o.errors)
+  top = agg(outcomes)
+  return dict(pass_at_1=top["pass_at_1"], mean_reward=top["mean_reward"], n=top["n"],
+              by_domain={d: agg(v) for d, v in sorted(by_dom.items())}, errors=dict(errors))
+
+
+def main(config, flags=None):
+  del flags
+  policy = config.policy
+  if policy not in POLICIES:
+    raise ValueError(f"config.policy must be one of {POLICIES}, got {policy!r}")
+  if policy == "model":
+    try:
+      from envs.harness import evaluate as harness_evaluate  # noqa: F401
+    except ModuleNotFoundError as e:
+      raise NotImplementedError(
+          "config.policy=model runs a served policy through the agent harness: it needs "
+          "envs.harness.evaluate.main(config, flags), which this checkout does not have") from e
+    return harness_evaluate.main(config, None)
+  envs_cfg = config.envs
+  t0 = time.monotonic()
+  root = worlds.ensure_worlds(envs_cfg)
+  t_gen = time.monotonic() - t0
+  task_list = tasks_lib.load_split(envs_cfg, config.eval.split)
+  if config.eval.max_tasks:
+    task_list = task_list[:config.eval.max_tasks]
+  print(f"worlds ready in {root} ({t_gen:.1f}s); split={config.eval.split} tasks={len(task_list)} "
+        f"policy={policy} transport={config.eval.transport} concurrency={config.eval.concurrency}",
+        flush=True)
+  t1 = time.monotonic()
+  outcomes = run_tasks(task_list, envs_cfg, policy, config.eval.transport,
+                       config.eval.concurrency, root)
+  dt = time.monotonic() - t1
+  s = summarize(outcomes)
+  for d, v in s["by_domain"].items():
+    print(f"{d:24s} n={v['n']:4d}  pass@1={v['pass_at_1']:.4f}  mean_reward={v['mean_reward']:.4f}")
+  print(f"{'all':24s} n={s['n']:4d}  pass@1={s['pass_at_1']:.4f}  mean_reward={s['mean_reward']:.4f}"
+        f"  ({dt:.1f}s, {len(outcomes) / max(dt, 1e-9):.2f} episodes/s)")
+  print("errors: " + (", ".join(f"{k}={v}" for k, v in sorted(s["errors"].items())) or "none"))
+  print(json.dumps(dict(pass_at_1=s["pass_at_1"], mean_reward=s["mean_reward"],
+                        by_domain=s["by_domain"], errors=s["errors"])), flush=True)
+  return s

@@ -1,0 +1,112 @@
+"""Tasks: generated per world, split into train and eval with no shared world and no shared prompt.
+
+  tasks = load_split(config.envs, "eval")     # [Task], deterministic
+  src = TaskSource(tasks)                     # grain RandomAccessDataSource of JSON records
+  result = grade(task, final_answer, before_dir, after_dir, config.envs)
+
+A Task carries its oracle (`oracle_steps`: tool calls {name, args, expect}, `oracle_answer`) so
+scripted policies and harness tests can replay a known-good episode through any transport.
+"""
+import dataclasses
+import json
+import random
+
+from envs import worlds
+from envs.tasks import families
+from envs.tasks.rubric import GradeResult, CriterionResult, JudgeUnavailable, grade  # noqa: F401
+
+SPLITS = ("train", "eval")
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  id: str                 # "<split>-<world_id>-<k>"
+  split: str              # train | eval
+  domain: str             # investment_banking | management_consulting | corporate_law
+  world_id: str           # rendered world directory name under envs.worlds_root
+  level: int              # 1 single lookup, 2 chained lookups + arithmetic, 3 plus an app action
+  family: str             # generator family (xlsx_lookup, growth, email_figure, ...)
+  prompt: str             # the user message
+  input_files: dict       # {path under files/: text} placed in the world before the episode
+  rubric: tuple           # criteria dicts (envs.tasks.rubric), primary objective first
+  oracle_steps: tuple     # tool calls {name, args, expect} that solve the task
+  oracle_answer: str      # the oracle's final answer
+
+  def to_json(self) -> str:
+    return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+  @classmethod
+  def from_json(cls, s: str) -> "Task":
+    d = json.loads(s)
+    d["rubric"] = tuple(d["rubric"])
+    d["oracle_steps"] = tuple(d["oracle_steps"])
+    return cls(**d)
+
+
+def split_worlds(envs_cfg) -> dict:
+  """split -> {domain: [world ids]}: the first eval_worlds_per_domain worlds go to eval."""
+  out = {s: {d: [] for d in worlds.DOMAINS} for s in SPLITS}
+  for wid, spec in sorted(worlds.all_specs(envs_cfg).items()):
+    s = "eval" if spec["index"] < envs_cfg.eval_worlds_per_domain else "train"
+    out[s][spec["domain"]].append(wid)
+  return out
+
+
+def _even(n: int, k: int) -> list:
+  return [n // k + (1 if i < n % k else 0) for i in range(k)]
+
+
+def load_split(envs_cfg, split: str) -> list:
+  """All tasks of a split, in a fixed order (domain, world, k)."""
+  if split not in SPLITS:
+    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+  specs = worlds.all_specs(envs_cfg)
+  by_domain = split_worlds(envs_cfg)[split]
+  doms = worlds.DOMAINS
+  per_domain = (_even(envs_cfg.train_tasks, len(doms)) if split == "train"
+                else [envs_cfg.eval_tasks_per_domain] * len(doms))
+  tasks = []
+  for d, n_dom in zip(doms, per_domain):
+    wids = by_domain[d]
+    if not wids:
+      raise ValueError(f"split {split!r} has no {d} worlds (see envs.eval_worlds_per_domain)")
+    for wid, n in zip(wids, _even(n_dom, len(wids))):
+      spec = specs[wid]
+      rng = random.Random(spec["seed"] ^ 0x7A5C)
+      for k, c in enumerate(families.generate(spec, n, envs_cfg.level_weights, rng)):
+        tasks.append(Task(id=f"{split}-{wid}-{k:03d}", split=split, domain=d, world_id=wid,
+                          level=c["level"], family=c["family"], prompt=c["prompt"],
+                          input_files=dict(c["input_files"]), rubric=tuple(c["rubric"]),
+                          oracle_steps=tuple(c["oracle"]["steps"]),
+                          oracle_answer=c["oracle"]["answer"]))
+  return tasks
+
+
+class TaskSource:
+  """A grain RandomAccessDataSource: records are Task JSON strings (decode with Task.from_json)."""
+
+  def __init__(self, tasks: list):
+    self._records = [t.to_json() for t in tasks]
+
+  def __len__(self) -> int:
+    return len(self._records)
+
+  def __getitem__(self, i: int) -> str:
+    return self._records[i]
+
+  def __repr__(self) -> str:
+    return f"TaskSource({len(self)} tasks)"
+
+
+def data_loader(envs_cfg, split: str, seed: int, num_epochs: int = 1, shuffle: bool = True):
+  """A grain DataLoader over a split yielding Task objects (shuffled per epoch with `seed`)."""
+  import grain.python as grain
+  src = TaskSource(load_split(envs_cfg, split))
+  sampler = grain.IndexSampler(num_records=len(src), num_epochs=num_epochs, shuffle=shuffle,
+                               seed=seed, shard_options=grain.NoSharding())
+
+  class _Decode(grain.MapTransform):
+    def map(self, rec):
+      return Task.from_json(rec)
+  return grain.DataLoader(data_source=src, sampler=sampler, operations=[_Decode()],
+                          worker_count=0)

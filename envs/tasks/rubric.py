@@ -1,0 +1,220 @@
+"""Rubric criteria, checked by code against the final answer and the world before/after.
+
+A criterion is a JSON-able dict {"type": ..., "description": ..., **params}. The first one of
+a task's rubric is its primary objective. `grade()` returns reward = share of criteria passed
+and passed = all of them passed (what Pass@1 counts).
+
+Types:
+  answer_number  value, decimals, sign_free   the final answer states the number
+  answer_text    text                          the final answer contains the text
+  answer_date    date (ISO)                    the final answer gives the date (ISO or words)
+  mail_sent      to, contains[], subject?      a new sent e-mail to `to` holding every item
+  mail_count     n                             exactly n e-mails were sent in the episode
+  cell_value     path, sheet, cell, value      a workbook cell holds the value
+  file_contains  path, contains[]              a text file exists and holds every item
+  slide_added    path, title, contains[]       the deck gained a slide with that title/items
+  event_booked   title, date, start, duration_min?, attendees[]
+  event_count    n                             exactly n events were added
+  chat_posted    channel, contains[]           a new message in the channel holds every item
+  unchanged      path                          a file is byte-identical to before
+  judge          instruction                   a judge model decides (needs envs.judge_endpoint)
+Items in `contains` are {"number": v, "decimals": d} or {"text": s}.
+"""
+import dataclasses
+import datetime
+import json
+import os
+import re
+import urllib.request
+
+_NUM_RE = re.compile(r"(?<![\w.])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|(?<![\w.])-?\d+(?:\.\d+)?")
+
+
+@dataclasses.dataclass
+class CriterionResult:
+  description: str
+  passed: bool
+  detail: str = ""
+
+
+@dataclasses.dataclass
+class GradeResult:
+  reward: float           # share of criteria passed, in [0, 1]
+  passed: bool            # every criterion passed
+  results: list           # [CriterionResult], rubric order
+
+
+class JudgeUnavailable(RuntimeError):
+  """A judge criterion was graded without config.envs.judge_endpoint."""
+
+
+def numbers_in(text: str) -> list:
+  """Numbers written in free text ('1,234.5', '-3', '12%') as floats, in order."""
+  return [float(m.group(0).replace(",", "")) for m in _NUM_RE.finditer(text or "")]
+
+
+def number_matches(text: str, value: float, decimals: int, rel_tol: float, max_numbers: int,
+                   sign_free: bool = False) -> bool:
+  nums = numbers_in(text)
+  if not nums or len(set(nums)) > max_numbers:
+    return False
+  tol = max(rel_tol * abs(value), 0.5 * 10 ** (-decimals) + 1e-9)
+  targets = (value, -value) if sign_free else (value,)
+  return any(abs(n - t) <= tol for n in nums for t in targets)
+
+
+def _date_forms(iso: str) -> list:
+  d = datetime.date.fromisoformat(iso)
+  month = d.strftime("%B")
+  return [iso.lower(), f"{month} {d.day}, {d.year}".lower(), f"{d.day} {month} {d.year}".lower(),
+          f"{month} {d.day} {d.year}".lower(), f"{d.strftime('%b')} {d.day}, {d.year}".lower(),
+          f"{d.day} {d.strftime('%b')} {d.year}".lower(), d.strftime("%m/%d/%Y")]
+
+
+def _contains_all(text: str, items: list, cfg) -> bool:
+  for it in items:
+    if "number" in it:
+      if not number_matches(text, it["number"], it.get("decimals", 2), cfg.answer_rel_tol,
+                            max(cfg.max_numbers_in_answer, 32)):
+        return False
+    elif it["text"].lower() not in (text or "").lower():
+      return False
+  return True
+
+
+def _json(root, app):
+  with open(os.path.join(root, "apps", f"{app}.json")) as f:
+    return json.load(f)
+
+
+def _new(before: list, after: list, key="id") -> list:
+  seen = {x[key] for x in before}
+  return [x for x in after if x[key] not in seen]
+
+
+def _file(root, rel):
+  return os.path.join(root, "files", rel.lstrip("/"))
+
+
+def _doc_text(path: str) -> str:
+  low = path.lower()
+  if low.endswith(".docx"):
+    import docx
+    return "\n".join(p.text for p in docx.Document(path).paragraphs)
+  if low.endswith(".pptx"):
+    from pptx import Presentation
+    return "\n".join(sh.text_frame.text for s in Presentation(path).slides for sh in s.shapes
+                     if sh.has_text_frame)
+  with open(path, encoding="utf-8", errors="replace") as f:
+    return f.read()
+
+
+def check(c: dict, answer: str, before: str, after: str, cfg) -> CriterionResult:
+  """One criterion. `before`/`after` are world directories (files/ + apps/)."""
+  t = c["type"]
+  desc = c.get("description", t)
+  ok, detail = False, ""
+  if t == "answer_number":
+    ok = number_matches(answer, c["value"], c.get("decimals", 2), cfg.answer_rel_tol,
+                        cfg.max_numbers_in_answer, c.get("sign_free", False))
+  elif t == "answer_text":
+    ok = c["text"].lower() in (answer or "").lower()
+  elif t == "answer_date":
+    low = (answer or "").lower()
+    ok = any(f in low for f in _date_forms(c["date"]))
+  elif t in ("mail_sent", "mail_count"):
+    sent = [m for m in _new(_json(before, "mail")["messages"], _json(after, "mail")["messages"])
+            if m["folder"] == "sent"]
+    if t == "mail_count":
+      ok, detail = len(sent) == c["n"], f"{len(sent)} sent"
+    else:
+      for m in sent:
+        if c["to"].lower() not in [a.lower() for a in m["to"] + m.get("cc", [])]:
+          continue
+        if c.get("subject") and c["subject"].lower() not in m["subject"].lower():
+          continue
+        if _contains_all(m["subject"] + "\n" + m["body"], c.get("contains", []), cfg):
+          ok = True
+      detail = f"{len(sent)} new e-mails"
+  elif t == "cell_value":
+    import openpyxl
+    p = _file(after, c["path"])
+    if os.path.exists(p):
+      wb = openpyxl.load_workbook(p, data_only=True)
+      if c["sheet"] in wb.sheetnames:
+        v = wb[c["sheet"]][c["cell"]].value
+        detail = f"cell holds {v!r}"
+        if isinstance(c["value"], (int, float)):
+          ok = v is not None and number_matches(str(v), c["value"], c.get("decimals", 2),
+                                                cfg.answer_rel_tol, 1, c.get("sign_free", False))
+        else:
+          ok = str(v or "").strip().lower() == str(c["value"]).lower()
+  elif t == "file_contains":
+    p = _file(after, c["path"])
+    ok = os.path.isfile(p) and _contains_all(_doc_text(p), c.get("contains", []), cfg)
+  elif t == "slide_added":
+    from pptx import Presentation
+    p_before, p_after = _file(before, c["path"]), _file(after, c["path"])
+    if os.path.isfile(p_after):
+      n0 = len(Presentation(p_before).slides)
+      slides = list(Presentation(p_after).slides)
+      detail = f"{len(slides) - n0} slides added"
+      for s in slides[n0:]:
+        title = s.shapes.title.text if s.shapes.title is not None else ""
+        text = "\n".join(sh.text_frame.text for sh in s.shapes if sh.has_text_frame)
+        if c["title"].lower() in title.lower() and _contains_all(text, c.get("contains", []), cfg):
+          ok = True
+  elif t in ("event_booked", "event_count"):
+    new = _new(_json(before, "calendar")["events"], _json(after, "calendar")["events"])
+    if t == "event_count":
+      ok, detail = len(new) == c["n"], f"{len(new)} new events"
+    else:
+      for e in new:
+        if (c["title"].lower() in e["title"].lower() and e["date"] == c["date"] and
+            e["start"] == c["start"] and
+            ("duration_min" not in c or e["duration_min"] == c["duration_min"]) and
+            {a.lower() for a in c.get("attendees", [])} <= {a.lower() for a in e["attendees"]}):
+          ok = True
+  elif t == "chat_posted":
+    b = _json(before, "chat")["channels"].get(c["channel"], [])
+    a = _json(after, "chat")["channels"].get(c["channel"], [])
+    ok = any(_contains_all(m["text"], c.get("contains", []), cfg) for m in _new(b, a))
+  elif t == "unchanged":
+    pb, pa = _file(before, c["path"]), _file(after, c["path"])
+    if os.path.isfile(pa):
+      with open(pb, "rb") as f1, open(pa, "rb") as f2:
+        ok = f1.read() == f2.read()
+  elif t == "judge":
+    ok, detail = _judge(c, answer, cfg)
+  else:
+    raise ValueError(f"unknown criterion type {t!r}")
+  return CriterionResult(desc, bool(ok), detail)
+
+
+def _judge(c: dict, answer: str, cfg):
+  """POSTs {instruction, answer} to the judge endpoint; expects {"pass": bool, "reason": str}."""
+  if not cfg.judge_endpoint:
+    raise JudgeUnavailable("judge criteria need config.envs.judge_endpoint")
+  req = urllib.request.Request(cfg.judge_endpoint, method="POST",
+                               data=json.dumps(dict(instruction=c["instruction"],
+                                                    answer=answer)).encode(),
+                               headers={"Content-Type": "application/json"})
+  with urllib.request.urlopen(req, timeout=cfg.client_timeout_s) as r:
+    out = json.loads(r.read())
+  return bool(out.get("pass")), str(out.get("reason", ""))
+
+
+def grade(task, final_answer: str, before_dir: str, after_dir: str, envs_cfg) -> GradeResult:
+  """Grades one episode.
+
+  Args:
+    task: an envs.tasks.Task (its rubric is used).
+    final_answer: the agent's final message ('' when it gave none).
+    before_dir: the world as the episode started (pristine world; input files do not matter).
+    after_dir: the world's working copy after the episode.
+  Returns:
+    GradeResult(reward in [0, 1], passed, per-criterion results).
+  """
+  res = [check(c, final_answer or "", before_dir, after_dir, envs_cfg) for c in task.rubric]
+  n = sum(r.passed for r in res)
+  return GradeResult(reward=n / len(res), passed=n == len(res), results=res)
