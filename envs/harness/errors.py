@@ -51,7 +51,8 @@ GROUP_FATAL = (ENGINE_ERROR, WORLD_CRASH, HARNESS_BUG)
 # Outcomes that are graded against the world (the others get reward 0 and no grading).
 GRADED = (OK, MAX_TURNS, BAD_TOOL_CALL, UNKNOWN_TOOL)
 # Events counted during an episode that do not end it.
-EVENTS = (TOOL_ERROR, BAD_TOOL_CALL, UNKNOWN_TOOL, "repair", "nudge")
+# A tool timeout is also an event, so that errors/tool_timeout counts every one.
+EVENTS = (TOOL_ERROR, TOOL_TIMEOUT, BAD_TOOL_CALL, UNKNOWN_TOOL, "repair", "nudge")
 
 
 class EpisodeError(Exception):
@@ -67,6 +68,10 @@ class EpisodeError(Exception):
 
 class WorldCrashed(Exception):
   """Raised by a world adapter when the world process is gone or its transport broke."""
+
+
+class ToolTimeout(Exception):
+  """Raised by a world adapter when its own client gave up waiting for a tool."""
 
 
 class CallTimeout(Exception):

@@ -19,6 +19,7 @@ from envs.chat.format import ChatFormat
 from envs.harness import errors as E
 from envs.harness.errors import CallTimeout
 from envs.harness.errors import EpisodeError
+from envs.harness.errors import ToolTimeout
 from envs.harness.errors import WorldCrashed
 from envs.harness.policy import FINISH_LENGTH
 from envs.harness.policy import FINISH_REASONS
@@ -192,6 +193,13 @@ def run_episode(episode: Episode, policy, fmt: ChatFormat, s: LoopSettings) -> E
                                 s.tool_timeout_s, E.TOOL_TIMEOUT, f"tool {call.name}")
           except WorldCrashed as e:
             raise EpisodeError(E.WORLD_CRASH, f"during tool {call.name}: {e}") from e
+          except EpisodeError as e:
+            if e.outcome == E.TOOL_TIMEOUT:
+              events[E.TOOL_TIMEOUT] += 1
+            raise
+          except ToolTimeout as e:
+            events[E.TOOL_TIMEOUT] += 1
+            raise EpisodeError(E.TOOL_TIMEOUT, f"tool {call.name}: {e}") from e
           if out.is_error:
             events[E.TOOL_ERROR] += 1
           results.append(out.text)
@@ -224,7 +232,8 @@ def run_episode(episode: Episode, policy, fmt: ChatFormat, s: LoopSettings) -> E
     t0 = time.monotonic()
     try:
       # close() kills the world process; it also unblocks any abandoned tool call.
-      call_with_timeout(world.close, 10.0, "world close")
+      reuse = res.outcome in E.MODEL_OUTCOMES or res.outcome == E.ENGINE_ERROR
+      call_with_timeout(lambda: world.close(reuse=reuse), 10.0, "world close")
     except Exception:  # noqa: BLE001 - a world that will not close taints the process
       res.tainted = True
     clock.spent["close"] = time.monotonic() - t0

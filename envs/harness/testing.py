@@ -78,7 +78,8 @@ class FakeWorld:
     ok = final_answer.strip() == self.spec.answer
     return Grade(float(ok), ok, {"expected": self.spec.answer})
 
-  def close(self):
+  def close(self, reuse: bool = False):
+    del reuse  # a fake world is cheap: always a fresh process
     if self.proc.poll() is None:
       self.proc.kill()
     self.proc.wait(5)

@@ -38,8 +38,13 @@ class World(Protocol):
   def grade(self, final_answer: str) -> Grade:
     ...
 
-  def close(self) -> None:
-    """Stops the world; must not block for long (kills its process)."""
+  def close(self, reuse: bool = False) -> None:
+    """Ends the episode in this world; must not block for long.
+
+    Args:
+      reuse: the episode ended cleanly; the world may keep its process for the next episode
+        of the same world in this agent-loop process. When False, kill it.
+    """
     ...
 
 

@@ -1,0 +1,160 @@
+"""The agent worlds (envs.worlds, envs.apps, envs.tasks) behind the harness's World interface.
+
+A `GatewayWorldSpec` carries one task to an agent-loop process. There it gets a working copy
+of the task's world and a stdio MCP gateway process (envs.apps.gateway.Gateway). The pair is
+kept for the next episode of the same world in that process (reset to pristine plus the
+task's input files, far cheaper than a new gateway), unless the episode ended in a way that
+leaves the world suspect (a timeout, a crash), in which case it is killed.
+"""
+import dataclasses
+import os
+import tempfile
+from typing import Any
+
+import ml_collections
+
+from envs.harness.errors import ToolTimeout
+from envs.harness.errors import WorldCrashed
+from envs.harness.world import Episode
+from envs.harness.world import Grade
+from envs.harness.world import ToolResult
+
+# Gateway error kinds that mean the gateway itself is gone or wedged, not a tool failure.
+_CRASH_KINDS = ("gateway_crash",)
+_TIMEOUT_KINDS = ("client_timeout",)
+
+# Per-process cache of started worlds: world_id -> (WorldInstance, Gateway). One agent loop
+# per process, so at most one entry is live at a time.
+_CACHE: dict[str, tuple[Any, Any]] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class GatewayWorldSpec:
+  """One task in its world.
+
+  Attributes:
+    task_json: the envs.tasks.Task, as JSON.
+    envs_cfg: config.envs as a plain dict.
+    worlds_root: where the worlds are rendered (envs.worlds.ensure_worlds).
+    work_root: parent of the per-process working copies ("" = the system temp dir).
+    tool_timeout_s: the gateway client's read timeout for one call.
+  """
+  task_json: str
+  envs_cfg: dict
+  worlds_root: str
+  work_root: str = ""
+  tool_timeout_s: float = 30.0
+
+  def start(self) -> "GatewayWorld":
+    from envs import tasks as tasks_lib
+    task = tasks_lib.Task.from_json(self.task_json)
+    cfg = ml_collections.ConfigDict(self.envs_cfg)
+    for wid in [w for w in _CACHE if w != task.world_id]:
+      _drop(wid)
+    if task.world_id in _CACHE:
+      inst, gw = _CACHE.pop(task.world_id)
+      try:
+        inst.reset(task.input_files)
+        return GatewayWorld(task, cfg, inst, gw, self.tool_timeout_s)
+      except Exception:  # noqa: BLE001 - a broken cached world is replaced below
+        _close(inst, gw)
+    from envs.apps.gateway import Gateway
+    from envs.apps.worldstate import WorldInstance
+    work = os.path.join(self.work_root or tempfile.gettempdir(),
+                        f"harness-{os.getpid()}-{task.world_id}")
+    inst = WorldInstance(os.path.join(self.worlds_root, task.world_id), work)
+    try:
+      inst.reset(task.input_files)
+      gw = Gateway(inst.path, cfg)
+    except BaseException:
+      inst.close()
+      raise
+    return GatewayWorld(task, cfg, inst, gw, self.tool_timeout_s)
+
+
+class GatewayWorld:
+  """A started world: the gateway's tools, grading against the task's rubric."""
+
+  def __init__(self, task, cfg, inst, gateway, tool_timeout_s: float):
+    self.task, self.cfg, self.inst, self.gw = task, cfg, inst, gateway
+    self.tool_timeout_s = tool_timeout_s
+    self._tools = None
+
+  def _gateway_alive(self) -> bool:
+    """Whether a live child process of ours serves this world's working copy (Linux /proc)."""
+    me, marker = os.getpid(), ("--world_dir\0" + self.inst.path + "\0").encode()
+    if not os.path.isdir("/proc"):
+      return True  # cannot tell: trust the gateway's own error kind
+    for d in os.listdir("/proc"):
+      if not d.isdigit():
+        continue
+      try:
+        with open(f"/proc/{d}/stat", "rb") as f:
+          fields = f.read().rsplit(b")", 1)[1].split()
+        if int(fields[1]) != me or fields[0] == b"Z":
+          continue
+        with open(f"/proc/{d}/cmdline", "rb") as f:
+          if marker in f.read():
+            return True
+      except (OSError, IndexError, ValueError):
+        continue
+    return False
+
+  def tools(self) -> list[dict[str, Any]]:
+    if self._tools is None:
+      self._tools = [{"type": "function", "function": {
+          "name": t["name"], "description": t["description"],
+          "parameters": t["input_schema"]}} for t in self.gw.list_tools()]
+    return self._tools
+
+  def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+    r = self.gw.call_tool(name, arguments, timeout=self.tool_timeout_s)
+    # A dead gateway can surface as an ordinary-looking error ("Connection closed"), so on
+    # any error the process itself is checked.
+    if r.is_error and (r.error_kind in _CRASH_KINDS or not self._gateway_alive()):
+      raise WorldCrashed(f"gateway process for {self.task.world_id} is gone ({r.text[:200]})")
+    if r.is_error and r.error_kind in _TIMEOUT_KINDS:
+      raise ToolTimeout(r.text)
+    return ToolResult(r.text, r.is_error)
+
+  def grade(self, final_answer: str) -> Grade:
+    from envs import tasks as tasks_lib
+    g = tasks_lib.grade(self.task, final_answer, self.inst.pristine, self.inst.path, self.cfg)
+    return Grade(g.reward, g.passed, {"criteria": [
+        dataclasses.asdict(r) if dataclasses.is_dataclass(r) else str(r) for r in g.results]})
+
+  def close(self, reuse: bool = False) -> None:
+    if reuse:
+      _CACHE[self.task.world_id] = (self.inst, self.gw)
+    else:
+      _close(self.inst, self.gw)
+
+
+def _close(inst, gw) -> None:
+  try:
+    gw.close()
+  finally:
+    inst.close()
+
+
+def _drop(wid: str) -> None:
+  inst, gw = _CACHE.pop(wid)
+  _close(inst, gw)
+
+
+def task_episodes(tasks, config, samples_per_task: int = 1, first_group: int = 0,
+                  worlds_root: str | None = None, work_root: str = "") -> list[Episode]:
+  """Episodes for a list of envs.tasks.Task: `samples_per_task` per task, one group each."""
+  envs_dict = config.envs.to_dict()
+  root = os.path.abspath(worlds_root or config.envs.worlds_root)
+  out = []
+  for g, task in enumerate(tasks):
+    spec = GatewayWorldSpec(task.to_json(), envs_dict, root, work_root,
+                            float(config.harness.tool_timeout_s))
+    for k in range(samples_per_task):
+      out.append(Episode(task_id=task.id, prompt=task.prompt, world=spec,
+                         group_id=first_group + g, sample_index=k,
+                         seed=(config.seed * 1_000_003 + (first_group + g) * 1009 + k),
+                         meta={"domain": task.domain, "level": task.level,
+                               "family": task.family}))
+  return out

@@ -1,0 +1,125 @@
+"""The harness against the real worlds: MCP gateways, generated tasks, rubric graders.
+
+The oracle runs as a token-level policy (its tool calls written as Qwen3.5 text and
+tokenized) through the process pool; every task must pass. By default a sample of tasks of
+three worlds (both splits, every domain); `--run-slow` runs both full splits.
+"""
+import collections
+import functools
+import os
+import signal
+
+import pytest
+
+from configs import tiny_cpu
+from envs import tasks as tasks_lib
+from envs import worlds
+from envs.harness import errors as E
+from envs.harness.batch import batch_metrics
+from envs.harness.batch import collate
+from envs.harness.loop import LoopSettings
+from envs.harness.oracle import OraclePolicy
+from envs.harness.oracle import oracle_factory
+from envs.harness.pool import AgentPool
+from envs.harness.pool import FormatSpec
+from envs.harness.worlds import task_episodes
+
+SAMPLE_WORLDS = {"eval": ("in00", "co00"), "train": ("ma03",)}
+
+
+def _config(tmp_root):
+  c = tiny_cpu.get_config()
+  c.envs.worlds_root = str(tmp_root)
+  c.train.max_context = 16384
+  c.harness.max_tokens_per_turn = 1024
+  c.harness.num_workers = 2
+  return c
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory):
+  root = tmp_path_factory.mktemp("worlds")
+  c = _config(root)
+  specs = worlds.all_specs(c.envs)
+  tasks = []
+  for split, wids in SAMPLE_WORLDS.items():
+    for wid in wids:
+      worlds.generate_world(c.envs, specs[wid], worlds.world_dir(str(root), wid))
+    per_family = collections.defaultdict(list)
+    for t in tasks_lib.load_split(c.envs, split):
+      if t.world_id in wids and len(per_family[(t.world_id, t.family)]) < 2:
+        per_family[(t.world_id, t.family)].append(t)
+    tasks += [t for ts in per_family.values() for t in ts]
+  return c, tasks
+
+
+def _run(c, tasks, policy_factory, samples=1):
+  eps = task_episodes(tasks, c, samples_per_task=samples)
+  with AgentPool(c.harness.num_workers, FormatSpec.from_config(c), policy_factory,
+                 LoopSettings.from_config(c), c.harness.kill_grace_s) as pool:
+    return pool.run(eps)
+
+
+def test_token_level_oracle_passes_every_task(sample):
+  c, tasks = sample
+  assert {t.split for t in tasks} == {"train", "eval"} and len({t.family for t in tasks}) >= 8
+  results = _run(c, tasks, oracle_factory([t.to_json() for t in tasks]))
+  bad = [(r.task_id, r.outcome, r.detail, r.final_answer) for r in results if not r.passed]
+  assert not bad, bad[:5]
+  m = batch_metrics(results, c.harness.max_timeouts_per_group)
+  assert m["pass_rate"] == 1.0 and m["outcome/ok"] == len(tasks)
+  batch = collate(results, c.harness.max_timeouts_per_group)
+  assert batch["train_mask"].all() and (batch["rewards"] == 1.0).all()
+  # The oracle's calls went through the XML parser and the real gateway: turns = steps + 1.
+  by_id = {t.id: t for t in tasks}
+  assert all(r.turns == len(by_id[r.task_id].oracle_steps) + 1 for r in results)
+
+
+class _GatewayKiller(OraclePolicy):
+  """Kills its world's gateway process after the first tool call, mid-episode."""
+
+  def generate(self, prompt_ids, sampling, max_tokens, stop_ids):
+    if len(self.read(prompt_ids).results) == 1:
+      for pid in _children(os.getpid()):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+          if b"envs.apps.server" in f.read():
+            os.kill(pid, signal.SIGKILL)
+    return super().generate(prompt_ids, sampling, max_tokens, stop_ids)
+
+
+def _children(ppid):
+  out = []
+  for d in os.listdir("/proc"):
+    if d.isdigit():
+      try:
+        with open(f"/proc/{d}/stat") as f:
+          if int(f.read().rsplit(")", 1)[1].split()[1]) == ppid:
+            out.append(int(d))
+      except OSError:
+        pass
+  return out
+
+
+def _killer_factory(tasks_json, fmt):
+  return _GatewayKiller(fmt, [tasks_lib.Task.from_json(s) for s in tasks_json])
+
+
+def test_gateway_killed_mid_episode_is_a_world_crash(sample):
+  c, tasks = sample
+  multi = [t for t in tasks if len(t.oracle_steps) >= 2][:1]
+  healthy = [t for t in tasks if len(t.oracle_steps) == 1][:2]
+  factory = functools.partial(_killer_factory, tuple(t.to_json() for t in multi + healthy))
+  results = _run(c, multi + healthy, factory)
+  assert results[0].outcome == E.WORLD_CRASH, (results[0].outcome, results[0].detail)
+  assert all(r.outcome == E.OK and r.passed for r in results[1:])
+
+
+@pytest.mark.slow
+def test_token_level_oracle_full_splits(tmp_path_factory):
+  c = _config(tmp_path_factory.mktemp("all_worlds"))
+  worlds.ensure_worlds(c.envs)
+  for split in ("eval", "train"):
+    tasks = tasks_lib.load_split(c.envs, split)
+    results = _run(c, tasks, oracle_factory([t.to_json() for t in tasks]))
+    bad = [(r.task_id, r.outcome, r.detail) for r in results if not r.passed]
+    assert not bad, (split, len(bad), bad[:5])
