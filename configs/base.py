@@ -206,4 +206,5 @@ def get_config() -> ml_collections.ConfigDict:
   c.harness.max_timeouts_per_group = 1  # a group with more timed-out trajectories is masked whole
   c.harness.top_p = 1.0              # nucleus sampling
   c.harness.top_k = 0                # top-k sampling; 0 = off
+  c.harness.policy_backend = "local"  # policy=model: local (in-process reference decode) | jetstream
   return c

@@ -72,6 +72,21 @@ class _Worker:
   proc: Any
   conn: Any
   job: tuple[int, Episode, float] | None = None  # (index, episode, kill deadline)
+  world: Any = None                               # world key of its last episode
+
+
+def _world_key(ep: Episode):
+  return ep.meta.get("world_id")
+
+
+def _take(pending: list, key) -> tuple[int, Episode]:
+  """Next episode for a worker: the first one in its last world (its world process is warm,
+  which saves a gateway start), else the first in line."""
+  if key is not None:
+    for j, (_, ep) in enumerate(pending):
+      if _world_key(ep) == key:
+        return pending.pop(j)
+  return pending.pop(0)
 
 
 class AgentPool:
@@ -150,12 +165,13 @@ class AgentPool:
   def run(self, episodes: Sequence[Episode]) -> list[EpisodeResult]:
     """Runs every episode; returns one result per episode, in order, whatever happens."""
     results: list[EpisodeResult | None] = [None] * len(episodes)
-    pending = list(enumerate(episodes))[::-1]
+    pending = list(enumerate(episodes))
     budget = self._settings.episode_timeout_s + self._grace
     while pending or any(w.job for w in self._workers):
       for w in self._workers:
         if w.job is None and pending:
-          idx, ep = pending.pop()
+          idx, ep = _take(pending, w.world)
+          w.world = _world_key(ep)
           w.job = (idx, ep, time.monotonic() + budget)
           w.conn.send(ep)
       busy = [w for w in self._workers if w.job]

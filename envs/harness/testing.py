@@ -145,3 +145,38 @@ class TaskScriptPolicy(ScriptedPolicy):
       return self._oracle.act(obs)
     turn = len(obs.results)
     return script[min(turn, len(script) - 1)]
+
+
+class UniformRandomPolicy:
+  """What an untrained model looks like to the harness: uniformly random ids.
+
+  Each id is drawn from the whole vocabulary (control ids included) with its exact logprob
+  -log(V); the draw stops at a stop id or max_tokens. Seeded per call from the context, so a
+  run is reproducible.
+  """
+
+  def __init__(self, fmt, stop_bias: float = 0.0):
+    self.fmt = fmt
+    self.vocab = fmt.tok.vocab_size
+    self.stop_bias = stop_bias  # extra probability of ending the turn at each step
+
+  def generate(self, prompt_ids, sampling, max_tokens, stop_ids):
+    import math
+    import random
+    rng = random.Random(hash((tuple(prompt_ids[-64:]), len(prompt_ids), sampling.seed)))
+    ids, lps = [], []
+    p_stop = self.stop_bias + (1 - self.stop_bias) * len(stop_ids) / self.vocab
+    for _ in range(max_tokens):
+      if rng.random() < p_stop:
+        tok = stop_ids[0]
+        lp = math.log(p_stop / len(stop_ids))
+      else:
+        tok = rng.randrange(self.vocab)
+        while tok in stop_ids:
+          tok = rng.randrange(self.vocab)
+        lp = math.log((1 - p_stop) / (self.vocab - len(stop_ids)))
+      ids.append(tok)
+      lps.append(lp)
+      if tok in stop_ids:
+        return ids, lps, "stop"
+    return ids, lps, "length"

@@ -28,13 +28,15 @@ class Trajectory:
     """The policy's own output: trained on (mask 1), with the logprobs it was sampled with."""
     if len(ids) != len(logprobs):
       raise ValueError(f"{len(ids)} sampled ids but {len(logprobs)} logprobs")
-    self._tokens.extend(int(i) for i in ids)
+    # Engines may hand back numpy scalars: store plain ints and floats (exact values).
+    self._tokens.extend(map(int, ids))
     self._mask.extend([1] * len(ids))
-    self._logprobs.extend(float(x) for x in logprobs)
+    self._logprobs.extend(map(float, logprobs))
 
   def append_context(self, ids: Sequence[int]) -> None:
     """Ids the harness adds (tool results, repair messages, turn delimiters): mask 0."""
-    self._tokens.extend(int(i) for i in ids)
+    # Harness-built ids come from the tokenizer as Python ints: no per-id conversion.
+    self._tokens.extend(ids)
     self._mask.extend([0] * len(ids))
     self._logprobs.extend([0.0] * len(ids))
 

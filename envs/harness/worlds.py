@@ -156,5 +156,5 @@ def task_episodes(tasks, config, samples_per_task: int = 1, first_group: int = 0
                          group_id=first_group + g, sample_index=k,
                          seed=(config.seed * 1_000_003 + (first_group + g) * 1009 + k),
                          meta={"domain": task.domain, "level": task.level,
-                               "family": task.family}))
+                               "family": task.family, "world_id": task.world_id}))
   return out

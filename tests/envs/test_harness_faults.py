@@ -157,3 +157,19 @@ def test_bad_policy_factory_is_a_config_error():
 
 def _broken_factory(fmt):
   return 1 / 0
+
+
+def test_random_policy_episodes_end_classified():
+  """Garbage in (uniform random ids, control ids included): every episode still ends with a
+  named outcome, and the trajectory accounting holds."""
+  s = dataclasses.replace(SETTINGS, max_tokens_per_turn=64, episode_timeout_s=20.0)
+  factory = functools.partial(F.UniformRandomPolicy, stop_bias=0.05)
+  eps = [Episode(task_id=f"r{i}", prompt=F.lookup_task("alpha"), world=WORLD, group_id=i // 4,
+                 sample_index=i % 4, seed=i) for i in range(12)]
+  with AgentPool(2, FormatSpec(), factory, s, kill_grace_s=2.0) as p:
+    results = p.run(eps)
+  outcomes = {r.outcome for r in results}
+  assert outcomes <= set(E.MODEL_OUTCOMES), [(r.outcome, r.detail) for r in results]
+  for r in results:
+    assert len(r.tokens) == len(r.loss_mask) == len(r.rollout_logprobs)
+    assert sum(r.loss_mask) > 0 and not any(r.loss_mask[:r.prompt_len])
