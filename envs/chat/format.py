@@ -57,6 +57,9 @@ class ChatFormat:
     self.thinking = thinking
     self._nl = tokenizer.encode("\n")
     self._gen_prompt = tokenizer.encode(T.generation_prompt(thinking))
+    # Every episode of a world carries the same tool list: its system turn (thousands of
+    # tokens) is encoded once. Keyed by the exact text, so a changed schema misses the cache.
+    self._system_cache: dict[str, list[int]] = {}
 
   @property
   def stop_ids(self) -> tuple[int, ...]:
@@ -74,8 +77,14 @@ class ChatFormat:
       return []
     # The template text is ours and holds real control tokens (the call-format example);
     # the system prompt is trusted configuration.
-    return ([self.sp.im_start] + self.tok.encode("system\n" + body) + [self.sp.im_end]
-            + self._nl)
+    ids = self._system_cache.get(body)
+    if ids is None:
+      ids = ([self.sp.im_start] + self.tok.encode("system\n" + body) + [self.sp.im_end]
+             + self._nl)
+      if len(self._system_cache) >= 64:
+        self._system_cache.clear()
+      self._system_cache[body] = ids
+    return list(ids)
 
   def user_ids(self, text: str) -> list[int]:
     """A user turn; the text is untrusted (control strings stay plain text)."""

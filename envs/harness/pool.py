@@ -24,6 +24,7 @@ from envs.harness.loop import LoopSettings
 from envs.harness.loop import run_episode
 from envs.harness.world import Episode
 from envs.harness.world import EpisodeResult
+from envs.harness.world import run_exit_hooks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,14 +58,17 @@ def _worker_main(conn, fmt_spec: FormatSpec, policy_factory, settings: LoopSetti
     conn.send(("init_error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
     return
   conn.send(("ready", os.getpid()))
-  while True:
-    try:
-      episode = conn.recv()
-    except (EOFError, OSError):
-      return
-    if episode is None:
-      return
-    conn.send(("result", run_episode(episode, policy, fmt, settings)))
+  try:
+    while True:
+      try:
+        episode = conn.recv()
+      except (EOFError, OSError):
+        return
+      if episode is None:
+        return
+      conn.send(("result", run_episode(episode, policy, fmt, settings)))
+  finally:
+    run_exit_hooks()
 
 
 @dataclasses.dataclass

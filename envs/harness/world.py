@@ -115,3 +115,21 @@ def call_with_timeout(fn: Callable[[], Any], timeout: float, what: str = "call")
   if "error" in box:
     raise box["error"]
   return box["value"]
+
+
+_EXIT_HOOKS: list[Callable[[], None]] = []
+
+
+def register_exit_hook(fn: Callable[[], None]) -> None:
+  """Runs `fn` when this agent-loop process leaves its loop (worlds release their processes
+  and working copies); multiprocessing workers skip atexit, hence this registry."""
+  if fn not in _EXIT_HOOKS:
+    _EXIT_HOOKS.append(fn)
+
+
+def run_exit_hooks() -> None:
+  for fn in _EXIT_HOOKS:
+    try:
+      fn()
+    except Exception:  # noqa: BLE001 - best effort at exit
+      pass

@@ -8,6 +8,7 @@ leaves the world suspect (a timeout, a crash), in which case it is killed.
 """
 import dataclasses
 import os
+import shutil
 import tempfile
 from typing import Any
 
@@ -18,6 +19,7 @@ from envs.harness.errors import WorldCrashed
 from envs.harness.world import Episode
 from envs.harness.world import Grade
 from envs.harness.world import ToolResult
+from envs.harness.world import register_exit_hook
 
 # Gateway error kinds that mean the gateway itself is gone or wedged, not a tool failure.
 _CRASH_KINDS = ("gateway_crash",)
@@ -47,6 +49,8 @@ class GatewayWorldSpec:
 
   def start(self) -> "GatewayWorld":
     from envs import tasks as tasks_lib
+    work_root = self.work_root or tempfile.gettempdir()
+    _once_per_process(work_root)
     task = tasks_lib.Task.from_json(self.task_json)
     cfg = ml_collections.ConfigDict(self.envs_cfg)
     for wid in [w for w in _CACHE if w != task.world_id]:
@@ -54,14 +58,18 @@ class GatewayWorldSpec:
     if task.world_id in _CACHE:
       inst, gw = _CACHE.pop(task.world_id)
       try:
+        # The gateway may have died since the last episode: check before handing it out.
+        world = GatewayWorld(task, cfg, inst, gw, self.tool_timeout_s)
+        if not world._gateway_alive():
+          raise WorldCrashed("cached gateway is gone")
         inst.reset(task.input_files)
-        return GatewayWorld(task, cfg, inst, gw, self.tool_timeout_s)
+        world.tools()
+        return world
       except Exception:  # noqa: BLE001 - a broken cached world is replaced below
         _close(inst, gw)
     from envs.apps.gateway import Gateway
     from envs.apps.worldstate import WorldInstance
-    work = os.path.join(self.work_root or tempfile.gettempdir(),
-                        f"harness-{os.getpid()}-{task.world_id}")
+    work = os.path.join(work_root, f"{_PREFIX}{os.getpid()}-{task.world_id}")
     inst = WorldInstance(os.path.join(self.worlds_root, task.world_id), work)
     try:
       inst.reset(task.input_files)
@@ -128,6 +136,38 @@ class GatewayWorld:
       _CACHE[self.task.world_id] = (self.inst, self.gw)
     else:
       _close(self.inst, self.gw)
+
+
+_PREFIX = "harness-"
+_STARTED: set[str] = set()
+
+
+def _once_per_process(work_root: str) -> None:
+  """First world start in a process: remove working copies left by dead agent processes
+  (killed workers cannot clean up after themselves), and release ours at exit."""
+  if work_root in _STARTED:
+    return
+  _STARTED.add(work_root)
+  register_exit_hook(release_all)
+  try:
+    names = os.listdir(work_root)
+  except OSError:
+    return
+  for n in names:
+    if not n.startswith(_PREFIX):
+      continue
+    pid = n[len(_PREFIX):].split("-", 1)[0]
+    if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+      shutil.rmtree(os.path.join(work_root, n), ignore_errors=True)
+
+
+def release_all() -> None:
+  """Closes every cached world of this process (gateway processes and working copies)."""
+  for wid in list(_CACHE):
+    try:
+      _drop(wid)
+    except Exception:  # noqa: BLE001 - best effort at exit
+      pass
 
 
 def _close(inst, gw) -> None:

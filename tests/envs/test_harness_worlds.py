@@ -79,7 +79,8 @@ class _GatewayKiller(OraclePolicy):
   """Kills its world's gateway process after the first tool call, mid-episode."""
 
   def generate(self, prompt_ids, sampling, max_tokens, stop_ids):
-    if len(self.read(prompt_ids).results) == 1:
+    obs = self.read(prompt_ids)
+    if len(obs.results) == 1 and len(self.plans[obs.task][0]) >= 2:
       for pid in _children(os.getpid()):
         with open(f"/proc/{pid}/cmdline", "rb") as f:
           if b"envs.apps.server" in f.read():
@@ -112,6 +113,33 @@ def test_gateway_killed_mid_episode_is_a_world_crash(sample):
   results = _run(c, multi + healthy, factory)
   assert results[0].outcome == E.WORLD_CRASH, (results[0].outcome, results[0].detail)
   assert all(r.outcome == E.OK and r.passed for r in results[1:])
+
+
+class _BetweenEpisodesKiller(OraclePolicy):
+  """Kills its gateway while writing its final answer: the world is then cached dead."""
+
+  def act(self, obs):
+    if len(obs.results) == len(self.plans[obs.task][0]):
+      for pid in _children(os.getpid()):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+          if b"envs.apps.server" in f.read():
+            os.kill(pid, signal.SIGKILL)
+    return super().act(obs)
+
+
+def _between_factory(tasks_json, fmt):
+  return _BetweenEpisodesKiller(fmt, [tasks_lib.Task.from_json(s) for s in tasks_json])
+
+
+def test_dead_cached_gateway_is_replaced(sample):
+  c, tasks = sample
+  c = c.copy_and_resolve_references()
+  c.harness.num_workers = 1
+  same_world = [t for t in tasks if t.world_id == tasks[0].world_id][:3]
+  factory = functools.partial(_between_factory, tuple(t.to_json() for t in same_world))
+  results = _run(c, same_world, factory)
+  assert all(r.outcome == E.OK and r.passed for r in results), [
+      (r.outcome, r.detail) for r in results]
 
 
 @pytest.mark.slow
