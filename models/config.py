@@ -1,0 +1,214 @@
+"""The static description of a Qwen3.5 text model.
+
+`ModelConfig` is a frozen dataclass so it can be a static argument of `jax.jit`. It is made
+from the `config.model` section of an ml_collections config (`from_config_dict`) or from a
+Hugging Face `config.json` (`from_hf_dict`), and written back by `to_hf_text_dict`.
+"""
+import dataclasses
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+
+LINEAR = "linear_attention"
+FULL = "full_attention"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  vocab_size: int
+  hidden_size: int
+  num_hidden_layers: int
+  layer_types: tuple[str, ...]
+  num_attention_heads: int
+  num_key_value_heads: int
+  head_dim: int
+  partial_rotary_factor: float
+  rope_theta: float
+  linear_num_key_heads: int
+  linear_num_value_heads: int
+  linear_key_head_dim: int
+  linear_value_head_dim: int
+  linear_conv_kernel_dim: int
+  gdn_chunk_size: int
+  use_moe: bool
+  intermediate_size: int
+  num_experts: int
+  num_experts_per_tok: int
+  norm_topk_prob: bool
+  moe_intermediate_size: int
+  shared_expert_intermediate_size: int
+  rms_norm_eps: float
+  tie_word_embeddings: bool
+  max_position_embeddings: int
+  param_dtype: str
+  dtype: str
+  initializer_range: float
+  scan_layers: bool
+  remat: str
+
+  def __post_init__(self):
+    if len(self.layer_types) != self.num_hidden_layers:
+      raise ValueError(f"layer_types has {len(self.layer_types)} entries, num_hidden_layers is "
+                       f"{self.num_hidden_layers}")
+    bad = set(self.layer_types) - {LINEAR, FULL}
+    if bad:
+      raise ValueError(f"unknown layer types {sorted(bad)}; expected {LINEAR!r} or {FULL!r}")
+    if self.num_attention_heads % self.num_key_value_heads:
+      raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+    if self.linear_num_value_heads % self.linear_num_key_heads:
+      raise ValueError("linear_num_value_heads must be a multiple of linear_num_key_heads")
+    if self.use_moe and not 0 < self.num_experts_per_tok <= self.num_experts:
+      raise ValueError("num_experts_per_tok must be in [1, num_experts]")
+    if self.remat not in ("none", "full"):
+      raise ValueError(f"remat must be 'none' or 'full', got {self.remat!r}")
+    for name in ("param_dtype", "dtype"):
+      if getattr(self, name) not in ("float32", "bfloat16", "float16", "float64"):
+        raise ValueError(f"{name} must be float64, float32, bfloat16 or float16, got {getattr(self, name)!r}")
+
+  # -- derived quantities -------------------------------------------------------------------
+  @property
+  def rotary_dim(self) -> int:
+    return int(self.head_dim * self.partial_rotary_factor)
+
+  @property
+  def gdn_key_dim(self) -> int:
+    return self.linear_num_key_heads * self.linear_key_head_dim
+
+  @property
+  def gdn_value_dim(self) -> int:
+    return self.linear_num_value_heads * self.linear_value_head_dim
+
+  @property
+  def gdn_conv_dim(self) -> int:
+    return 2 * self.gdn_key_dim + self.gdn_value_dim
+
+  @property
+  def cycle(self) -> tuple[str, ...]:
+    """The shortest repeating pattern of `layer_types`; layers are scanned over its repeats."""
+    n = self.num_hidden_layers
+    if not self.scan_layers:
+      return self.layer_types
+    for period in range(1, n + 1):
+      if n % period == 0 and self.layer_types == self.layer_types[:period] * (n // period):
+        return self.layer_types[:period]
+    return self.layer_types
+
+  @property
+  def num_cycles(self) -> int:
+    return self.num_hidden_layers // len(self.cycle)
+
+  @property
+  def jnp_dtype(self):
+    return jnp.dtype(self.dtype)
+
+  @property
+  def jnp_param_dtype(self):
+    return jnp.dtype(self.param_dtype)
+
+  def replace(self, **kw) -> "ModelConfig":
+    return dataclasses.replace(self, **kw)
+
+
+def default_layer_types(num_layers: int, interval: int) -> tuple[str, ...]:
+  return tuple(FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers))
+
+
+def from_config_dict(m: Mapping[str, Any]) -> ModelConfig:
+  """From the `config.model` ConfigDict (after a preset, if named, has been applied)."""
+  m = dict(m)
+  preset = m.pop("preset", "")
+  if preset:
+    from models import presets  # pylint: disable=g-import-not-at-top
+    m = presets.apply_preset(preset, m)
+  interval = m.pop("full_attention_interval")
+  layer_types = tuple(m.pop("layer_types") or ())
+  if not layer_types:
+    layer_types = default_layer_types(m["num_hidden_layers"], interval)
+  fields = {f.name for f in dataclasses.fields(ModelConfig)}
+  unknown = set(m) - fields
+  if unknown:
+    raise ValueError(f"unknown model config keys: {sorted(unknown)}")
+  return ModelConfig(layer_types=layer_types, **m)
+
+
+def from_hf_dict(d: Mapping[str, Any], *, dtype: str = "float32", **overrides) -> ModelConfig:
+  """From a Hugging Face config.json dict, in either layout (nested `text_config` or flat)."""
+  text = dict(d.get("text_config", d))
+  rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
+  rope_theta = rope.get("rope_theta", text.get("rope_theta", 10_000_000.0))
+  partial = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
+  n = text["num_hidden_layers"]
+  layer_types = tuple(text.get("layer_types") or
+                      default_layer_types(n, text.get("full_attention_interval", 4)))
+  use_moe = "num_experts" in text and text.get("num_experts", 0) > 0
+  tie = d.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+  kw = dict(
+      vocab_size=text["vocab_size"],
+      hidden_size=text["hidden_size"],
+      num_hidden_layers=n,
+      layer_types=layer_types,
+      num_attention_heads=text["num_attention_heads"],
+      num_key_value_heads=text["num_key_value_heads"],
+      head_dim=text.get("head_dim", text["hidden_size"] // text["num_attention_heads"]),
+      partial_rotary_factor=float(partial),
+      rope_theta=float(rope_theta),
+      linear_num_key_heads=text["linear_num_key_heads"],
+      linear_num_value_heads=text["linear_num_value_heads"],
+      linear_key_head_dim=text["linear_key_head_dim"],
+      linear_value_head_dim=text["linear_value_head_dim"],
+      linear_conv_kernel_dim=text.get("linear_conv_kernel_dim", 4),
+      gdn_chunk_size=64,
+      use_moe=use_moe,
+      intermediate_size=text.get("intermediate_size", 0) or 0,
+      num_experts=text.get("num_experts", 0) if use_moe else 0,
+      num_experts_per_tok=text.get("num_experts_per_tok", 0) if use_moe else 0,
+      norm_topk_prob=True,
+      moe_intermediate_size=text.get("moe_intermediate_size", 0) if use_moe else 0,
+      shared_expert_intermediate_size=(text.get("shared_expert_intermediate_size", 0) or 0)
+      if use_moe else 0,
+      rms_norm_eps=text.get("rms_norm_eps", 1e-6),
+      tie_word_embeddings=bool(tie),
+      max_position_embeddings=text.get("max_position_embeddings", 262144),
+      param_dtype=dtype,
+      dtype=dtype,
+      initializer_range=text.get("initializer_range", 0.02),
+      scan_layers=True,
+      remat="none",
+  )
+  kw.update(overrides)
+  return ModelConfig(**kw)
+
+
+def to_hf_text_dict(cfg: ModelConfig) -> dict[str, Any]:
+  """The `text_config` a Hugging Face Qwen3.5 model is built from."""
+  d = dict(
+      model_type="qwen3_5_moe_text" if cfg.use_moe else "qwen3_5_text",
+      vocab_size=cfg.vocab_size,
+      hidden_size=cfg.hidden_size,
+      num_hidden_layers=cfg.num_hidden_layers,
+      layer_types=list(cfg.layer_types),
+      num_attention_heads=cfg.num_attention_heads,
+      num_key_value_heads=cfg.num_key_value_heads,
+      head_dim=cfg.head_dim,
+      hidden_act="silu",
+      rope_parameters=dict(rope_type="default", rope_theta=cfg.rope_theta,
+                           partial_rotary_factor=cfg.partial_rotary_factor,
+                           mrope_section=[11, 11, 10], mrope_interleaved=True),
+      linear_num_key_heads=cfg.linear_num_key_heads,
+      linear_num_value_heads=cfg.linear_num_value_heads,
+      linear_key_head_dim=cfg.linear_key_head_dim,
+      linear_value_head_dim=cfg.linear_value_head_dim,
+      linear_conv_kernel_dim=cfg.linear_conv_kernel_dim,
+      rms_norm_eps=cfg.rms_norm_eps,
+      tie_word_embeddings=cfg.tie_word_embeddings,
+      max_position_embeddings=cfg.max_position_embeddings,
+      initializer_range=cfg.initializer_range,
+      attention_bias=False,
+  )
+  if cfg.use_moe:
+    d.update(num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
+             moe_intermediate_size=cfg.moe_intermediate_size,
+             shared_expert_intermediate_size=cfg.shared_expert_intermediate_size)
+  else:
+    d.update(intermediate_size=cfg.intermediate_size)
+  return d

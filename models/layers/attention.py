@@ -1,0 +1,122 @@
+"""Gated full attention of Qwen3.5: GQA, q/k RMSNorm, partial RoPE, sigmoid output gate.
+
+Params (shapes with logical names):
+  q_proj  [embed, heads, 2 * head_dim]  per head: the query, then its output gate
+  k_proj  [embed, kv_heads, head_dim]
+  v_proj  [embed, kv_heads, head_dim]
+  o_proj  [heads, head_dim, embed]
+  q_norm, k_norm  [head_dim]            zero-centred RMSNorm over each head
+"""
+import jax
+import jax.numpy as jnp
+
+from models.config import ModelConfig
+from models.layers import common
+from models.layers import norm
+from models.layers import rope
+
+
+def init(key, cfg: ModelConfig) -> dict:
+  h, nh, nkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+  kq, kk, kv, ko = jax.random.split(key, 4)
+  std, dt = cfg.initializer_range, cfg.jnp_param_dtype
+  return {
+      "q_proj": common.normal(kq, (h, nh, 2 * hd), std, dt),
+      "k_proj": common.normal(kk, (h, nkv, hd), std, dt),
+      "v_proj": common.normal(kv, (h, nkv, hd), std, dt),
+      "o_proj": common.normal(ko, (nh, hd, h), std, dt),
+      "q_norm": jnp.zeros((hd,), dt),
+      "k_norm": jnp.zeros((hd,), dt),
+  }
+
+
+def axes(cfg: ModelConfig) -> dict:
+  del cfg
+  return {
+      "q_proj": ("embed", "heads", "head_dim"),
+      "k_proj": ("embed", "kv_heads", "head_dim"),
+      "v_proj": ("embed", "kv_heads", "head_dim"),
+      "o_proj": ("heads", "head_dim", "embed"),
+      "q_norm": ("norm",),
+      "k_norm": ("norm",),
+  }
+
+
+def _project(p, x, positions, cfg: ModelConfig):
+  """x [batch, seq, embed] -> q [b, s, heads, hd], gate [b, s, heads, hd], k, v [b, s, kv, hd]."""
+  dt = cfg.jnp_dtype
+  x = x.astype(dt)
+  qg = jnp.einsum("bse,ehd->bshd", x, p["q_proj"].astype(dt))
+  q, gate = jnp.split(qg, 2, axis=-1)
+  k = jnp.einsum("bse,ehd->bshd", x, p["k_proj"].astype(dt))
+  v = jnp.einsum("bse,ehd->bshd", x, p["v_proj"].astype(dt))
+  q = norm.rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
+  k = norm.rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
+  cos, sin = rope.rope_cos_sin(positions, cfg.rotary_dim, cfg.rope_theta, dt)
+  q, k = rope.apply_rope(q, cos, sin), rope.apply_rope(k, cos, sin)
+  q = common.constrain(q, ("batch", "activation_length", "heads", "head_dim"))
+  k = common.constrain(k, ("batch", "activation_length", "kv_heads", "head_dim"))
+  return q, gate, k, v
+
+
+def _attend(q, k, v, mask, cfg: ModelConfig):
+  """Softmax attention in float32.
+
+  q [b, t, heads, hd]; k, v [b, s, kv_heads, hd]; mask [b, t, s] bool (True = may attend).
+  Returns [b, t, heads, hd] in the activation dtype.
+  """
+  b, t, nh, hd = q.shape
+  nkv = k.shape[2]
+  q = q.reshape(b, t, nkv, nh // nkv, hd)  # query heads grouped by the kv head they share
+  logits = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+  logits = logits * (hd ** -0.5)
+  logits = jnp.where(mask[:, None, None], logits, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+  return out.reshape(b, t, nh, hd)
+
+
+def _output(p, out, gate, cfg: ModelConfig):
+  out = out * jax.nn.sigmoid(gate)
+  return jnp.einsum("bshd,hde->bse", out, p["o_proj"].astype(cfg.jnp_dtype))
+
+
+def forward(p, x, positions, cfg: ModelConfig, cache=None):
+  """Causal attention over a whole sequence.
+
+  Args:
+    x: [batch, seq, embed].
+    positions: [batch, seq] int32.
+    cache: optional {"k", "v": [batch, max_len, kv_heads, head_dim]}; when given, this
+      sequence's keys and values are written at positions [0, seq) (prefill).
+  Returns:
+    ([batch, seq, embed], cache or None).
+  """
+  q, gate, k, v = _project(p, x, positions, cfg)
+  t = x.shape[1]
+  causal = jnp.tril(jnp.ones((t, t), dtype=bool))[None]
+  out = _attend(q, k, v, causal, cfg)
+  if cache is not None:
+    cache = {
+        "k": jax.lax.dynamic_update_slice_in_dim(cache["k"], k.astype(cache["k"].dtype), 0, axis=1),
+        "v": jax.lax.dynamic_update_slice_in_dim(cache["v"], v.astype(cache["v"].dtype), 0, axis=1),
+    }
+  return _output(p, out, gate, cfg), cache
+
+
+def decode(p, x, pos, cache, cfg: ModelConfig):
+  """One new token per row against the KV cache.
+
+  Args:
+    x: [batch, 1, embed].
+    pos: [batch] int32, the position of the new token (= tokens already cached).
+    cache: {"k", "v": [batch, max_len, kv_heads, head_dim]}.
+  """
+  q, gate, k, v = _project(p, x, pos[:, None], cfg)
+  rows = jnp.arange(x.shape[0])
+  cache = {"k": cache["k"].at[rows, pos].set(k[:, 0].astype(cache["k"].dtype)),
+           "v": cache["v"].at[rows, pos].set(v[:, 0].astype(cache["v"].dtype))}
+  max_len = cache["k"].shape[1]
+  mask = (jnp.arange(max_len)[None, :] <= pos[:, None])[:, None, :]  # [b, 1, max_len]
+  out = _attend(q, cache["k"].astype(q.dtype), cache["v"].astype(q.dtype), mask, cfg)
+  return _output(p, out, gate, cfg), cache

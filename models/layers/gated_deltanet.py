@@ -1,0 +1,200 @@
+"""Gated DeltaNet, the linear-attention mixer of 3 layers in 4.
+
+Per value head h and step t, with q, k L2-normalised (q also scaled by 1/sqrt(d_k)):
+    S_t = exp(g_t) * S_{t-1}                                   decay
+    S_t = S_t + beta_t * k_t (v_t - S_t^T k_t)^T               delta-rule write
+    o_t = S_t^T q_t
+S is a [d_k, d_v] float32 matrix. Training and prefill use the chunked form (a triangular
+solve inside each chunk of 64, a scan across chunks); one-token decode uses the recurrence.
+
+Params (shapes with logical names):
+  in_proj_qkv [embed, gdn_qkv]      q (nk*dk) | k (nk*dk) | v (nv*dv), the conv channels
+  in_proj_z   [embed, gdn_value]    output gate
+  in_proj_b   [embed, gdn_heads]    beta = sigmoid(b)
+  in_proj_a   [embed, gdn_heads]    decay input
+  conv        [conv_kernel, gdn_qkv] causal depthwise conv taps (last tap = current token)
+  dt_bias, A_log [gdn_heads]        g = -exp(A_log) * softplus(a + dt_bias)
+  norm        [head_v_dim]          gated RMSNorm weight (init 1)
+  out_proj    [gdn_value, embed]
+"""
+import jax
+import jax.numpy as jnp
+
+from models.config import ModelConfig
+from models.layers import common
+from models.layers import norm
+
+
+def init(key, cfg: ModelConfig) -> dict:
+  h, nv = cfg.hidden_size, cfg.linear_num_value_heads
+  keys = jax.random.split(key, 7)
+  std, dt = cfg.initializer_range, cfg.jnp_param_dtype
+  return {
+      "in_proj_qkv": common.normal(keys[0], (h, cfg.gdn_conv_dim), std, dt),
+      "in_proj_z": common.normal(keys[1], (h, cfg.gdn_value_dim), std, dt),
+      "in_proj_b": common.normal(keys[2], (h, nv), std, dt),
+      "in_proj_a": common.normal(keys[3], (h, nv), std, dt),
+      "conv": common.normal(keys[4], (cfg.linear_conv_kernel_dim, cfg.gdn_conv_dim),
+                            cfg.linear_conv_kernel_dim ** -0.5, dt),
+      "dt_bias": jnp.ones((nv,), dt),
+      "A_log": jnp.log(jax.random.uniform(keys[5], (nv,), jnp.float32, 1.0, 16.0)).astype(dt),
+      "norm": jnp.ones((cfg.linear_value_head_dim,), dt),
+      "out_proj": common.normal(keys[6], (cfg.gdn_value_dim, h), std, dt),
+  }
+
+
+def axes(cfg: ModelConfig) -> dict:
+  del cfg
+  return {
+      "in_proj_qkv": ("embed", "gdn_qkv"),
+      "in_proj_z": ("embed", "gdn_value"),
+      "in_proj_b": ("embed", "gdn_heads"),
+      "in_proj_a": ("embed", "gdn_heads"),
+      "conv": ("conv_kernel", "gdn_qkv"),
+      "dt_bias": ("gdn_heads",),
+      "A_log": ("gdn_heads",),
+      "norm": ("norm",),
+      "out_proj": ("gdn_value", "embed"),
+  }
+
+
+def _l2norm(x, eps=1e-6):
+  return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int):
+  """The gated delta rule over a sequence, chunk by chunk.
+
+  Args:
+    q, k: [batch, seq, heads, d_k] float32, already normalised and scaled.
+    v: [batch, seq, heads, d_v] float32.
+    g: [batch, seq, heads] log decay (<= 0); beta: [batch, seq, heads] write strength.
+    state: [batch, heads, d_k, d_v] float32 initial state.
+  Returns:
+    (out [batch, seq, heads, d_v], final state).
+  """
+  b, t, nh, dk = k.shape
+  dv = v.shape[-1]
+  c = chunk_size
+  pad = (-t) % c
+  if pad:  # zero keys, values, beta and log-decay leave the state untouched
+    padder = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+    q, k, v, g, beta = map(padder, (q, k, v, g, beta))
+  n = (t + pad) // c
+  # -> [n_chunks, batch, heads, chunk, dim] so the scan runs over chunks.
+  to_chunks = lambda x: jnp.moveaxis(x.reshape(b, n, c, nh, -1), (1, 3), (0, 2))
+  q, k, v = to_chunks(q), to_chunks(k), to_chunks(v)
+  g, beta = to_chunks(g[..., None])[..., 0], to_chunks(beta[..., None])[..., 0]
+
+  g_cum = jnp.cumsum(g, axis=-1)                                   # [n, b, h, c]
+  lower = jnp.tril(jnp.ones((c, c), dtype=bool))
+  strictly_lower = jnp.tril(jnp.ones((c, c), dtype=bool), -1)
+  # decay[i, j] = prod of exp(g) over (j, i]. The log is summed over the segment itself rather
+  # than taken as g_cum[i] - g_cum[j]: with strong decay the cumulative sums reach hundreds,
+  # and their difference would lose the low bits that the A_log / dt_bias gradients need.
+  segment = jnp.cumsum(jnp.where(strictly_lower, g[..., :, None], 0.0), axis=-2)
+  decay = jnp.exp(jnp.where(lower, segment, -jnp.inf))
+  to_end = jnp.flip(jnp.cumsum(jnp.flip(g, -1), axis=-1), -1) - g   # sum of g over (i, end]
+  k_beta = k * beta[..., None]
+  # UT transform: (I + L) u = beta v and (I + L) w = beta k exp(g_cum), L strictly lower.
+  system = jnp.where(strictly_lower, jnp.einsum("...id,...jd->...ij", k_beta, k) * decay, 0.0)
+  system = system + jnp.eye(c, dtype=system.dtype)
+  solve = lambda rhs: jax.scipy.linalg.solve_triangular(system, rhs, lower=True, unit_diagonal=True)
+  u = solve(v * beta[..., None])
+  w = solve(k_beta * jnp.exp(g_cum)[..., None])
+  intra = jnp.einsum("...id,...jd->...ij", q, k) * decay          # causal within the chunk
+  q_decayed = q * jnp.exp(g_cum)[..., None]
+  k_to_end = k * jnp.exp(to_end)[..., None]
+  chunk_decay = jnp.exp(g_cum[..., -1])[..., None, None]
+
+  def step(s, xs):
+    u_i, w_i, intra_i, q_i, k_i, decay_i = xs
+    v_new = u_i - w_i @ s
+    out = q_i @ s + intra_i @ v_new
+    s = s * decay_i + jnp.swapaxes(k_i, -1, -2) @ v_new
+    return s, out
+
+  state, out = jax.lax.scan(step, state, (u, w, intra, q_decayed, k_to_end, chunk_decay))
+  out = jnp.moveaxis(out, (0, 2), (1, 3)).reshape(b, n * c, nh, dv)[:, :t]
+  return out, state
+
+
+def recurrent_delta_rule(q, k, v, g, beta, state):
+  """The same rule one step at a time (decode; also the reference for the chunked form)."""
+  def step(s, xs):
+    q_t, k_t, v_t, g_t, beta_t = xs                                # [b, h, d]..., [b, h]
+    s = s * jnp.exp(g_t)[..., None, None]
+    predicted = jnp.einsum("bhkv,bhk->bhv", s, k_t)
+    s = s + jnp.einsum("bhk,bhv->bhkv", k_t, (v_t - predicted) * beta_t[..., None])
+    return s, jnp.einsum("bhkv,bhk->bhv", s, q_t)
+
+  xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, g, beta))
+  state, out = jax.lax.scan(step, state, xs)
+  return jnp.moveaxis(out, 0, 1), state
+
+
+def _causal_conv(x, conv_state, weight):
+  """Depthwise causal conv with SiLU.
+
+  x [b, t, ch]; conv_state [b, kernel-1, ch], the inputs just before x (zeros at the start).
+  Returns the activations [b, t, ch] and the padded input [b, kernel-1+t, ch].
+  """
+  kernel = weight.shape[0]
+  xp = jnp.concatenate([conv_state.astype(x.dtype), x], axis=1)
+  t = x.shape[1]
+  out = sum(xp[:, j:j + t] * weight[j].astype(x.dtype) for j in range(kernel))
+  return jax.nn.silu(out), xp
+
+
+def forward(p, x, cfg: ModelConfig, state=None, lengths=None, rule: str = "chunked"):
+  """Gated DeltaNet over x [batch, seq, embed].
+
+  Args:
+    state: optional {"conv": [b, kernel-1, conv_dim], "ssm": [b, v_heads, d_k, d_v] f32}
+      to continue from (decode) or None to start from zeros.
+    lengths: optional [batch] valid lengths of a right-padded batch. Padded steps neither
+      decay nor write the state, so the returned state is each row's state at its length.
+    rule: "chunked" (training, prefill) or "recurrent" (decode).
+  Returns:
+    ([batch, seq, embed], new state).
+  """
+  b, t, _ = x.shape
+  dt = cfg.jnp_dtype
+  nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+  dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+  kernel = cfg.linear_conv_kernel_dim
+  if state is None:
+    state = {"conv": jnp.zeros((b, kernel - 1, cfg.gdn_conv_dim), dt),
+             "ssm": jnp.zeros((b, nv, dk, dv), jnp.float32)}
+  x = x.astype(dt)
+  qkv = common.dense(x, p["in_proj_qkv"], dt)
+  z = common.dense(x, p["in_proj_z"], dt).reshape(b, t, nv, dv)
+  beta = jax.nn.sigmoid(common.dense(x, p["in_proj_b"], dt).astype(jnp.float32))
+  a = common.dense(x, p["in_proj_a"], dt).astype(jnp.float32)
+  g = -jnp.exp(p["A_log"].astype(jnp.float32)) * jax.nn.softplus(a + p["dt_bias"].astype(jnp.float32))
+
+  qkv, padded_in = _causal_conv(qkv, state["conv"], p["conv"])
+  if lengths is None:
+    conv_state = padded_in[:, t:]
+  else:  # the kernel-1 inputs ending at each row's last valid token
+    idx = lengths[:, None] + jnp.arange(kernel - 1)[None, :]
+    conv_state = jnp.take_along_axis(padded_in, idx[..., None], axis=1)
+    valid = (jnp.arange(t)[None, :] < lengths[:, None]).astype(jnp.float32)[..., None]
+    g, beta = g * valid, beta * valid
+
+  q, k, v = jnp.split(qkv, [cfg.gdn_key_dim, 2 * cfg.gdn_key_dim], axis=-1)
+  q = q.reshape(b, t, nk, dk).astype(jnp.float32)
+  k = k.reshape(b, t, nk, dk).astype(jnp.float32)
+  v = v.reshape(b, t, nv, dv).astype(jnp.float32)
+  # Each q/k head serves nv/nk consecutive value heads.
+  q = jnp.repeat(_l2norm(q), nv // nk, axis=2) * (dk ** -0.5)
+  k = jnp.repeat(_l2norm(k), nv // nk, axis=2)
+  if rule == "chunked":
+    out, ssm = chunked_delta_rule(q, k, v, g, beta, state["ssm"], cfg.gdn_chunk_size)
+  elif rule == "recurrent":
+    out, ssm = recurrent_delta_rule(q, k, v, g, beta, state["ssm"])
+  else:
+    raise ValueError(f"unknown delta rule form {rule!r}")
+  out = norm.gated_rms_norm(out.astype(dt), z, p["norm"], cfg.rms_norm_eps)
+  out = common.dense(out.reshape(b, t, nv * dv), p["out_proj"], dt)
+  return out, {"conv": conv_state.astype(state["conv"].dtype), "ssm": ssm}

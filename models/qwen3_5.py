@@ -1,0 +1,293 @@
+"""Qwen3.5 text model (MoE or dense), as pure functions of a parameter pytree.
+
+    from models import qwen3_5
+    cfg, params = qwen3_5.load_hf(path, dtype=jnp.float32)
+    logits = qwen3_5.forward(cfg, params, tokens)          # [batch, seq, vocab] float32
+
+Parameters are a plain dict. Layers are grouped by their position in the repeating cycle of
+`layer_types` (3 Gated DeltaNet + 1 attention): `params["blocks"][j]` holds the weights of
+every layer at cycle position j, stacked on a leading [num_cycles] axis, and the forward pass
+is one `lax.scan` over cycles, so compile time does not grow with depth.
+
+    params = {
+      "embed":      [vocab, embed],
+      "blocks":     tuple over cycle positions of {
+                      "input_norm": [cycles, embed], "post_norm": [cycles, embed],
+                      "mixer": gated_deltanet or attention params, "ffn": moe or mlp params},
+      "final_norm": [embed],
+      "lm_head":    [embed, vocab]            (absent when tied to the embedding)
+    }
+
+`param_axes(cfg)` returns the same tree with a tuple of logical axis names per leaf.
+"""
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from models import config as config_lib
+from models.config import FULL, LINEAR, ModelConfig
+from models.layers import attention
+from models.layers import common
+from models.layers import gated_deltanet
+from models.layers import moe
+from models.layers import norm
+
+__all__ = [
+    "ModelConfig", "init_params", "param_axes", "forward", "forward_hidden", "logits_from_hidden",
+    "init_cache", "prefill", "decode_step", "cache_insert", "count_params", "load_hf", "save_hf",
+]
+
+
+# -- parameters ---------------------------------------------------------------------------
+
+def _init_layer(key, cfg: ModelConfig, layer_type: str) -> dict:
+  k_mix, k_ffn = jax.random.split(key)
+  mixer = (gated_deltanet.init if layer_type == LINEAR else attention.init)(k_mix, cfg)
+  if cfg.use_moe:
+    ffn = moe.init(k_ffn, cfg)
+  else:
+    ffn = moe.init_mlp(k_ffn, cfg.hidden_size, cfg.intermediate_size, cfg.initializer_range,
+                       cfg.jnp_param_dtype)
+  zeros = jnp.zeros((cfg.hidden_size,), cfg.jnp_param_dtype)
+  return {"input_norm": zeros, "post_norm": zeros, "mixer": mixer, "ffn": ffn}
+
+
+def _layer_axes(cfg: ModelConfig, layer_type: str) -> dict:
+  mixer = (gated_deltanet.axes if layer_type == LINEAR else attention.axes)(cfg)
+  ffn = moe.axes(cfg) if cfg.use_moe else moe.mlp_axes()
+  return {"input_norm": ("norm",), "post_norm": ("norm",), "mixer": mixer, "ffn": ffn}
+
+
+def init_params(cfg: ModelConfig, key: jax.Array) -> dict:
+  """Random parameters (HF-style init: normal(initializer_range), norms at their identity)."""
+  k_embed, k_head, k_layers = jax.random.split(key, 3)
+  blocks = []
+  for j, layer_type in enumerate(cfg.cycle):
+    keys = jax.random.split(jax.random.fold_in(k_layers, j), cfg.num_cycles)
+    blocks.append(jax.vmap(lambda k, t=layer_type: _init_layer(k, cfg, t))(keys))
+  dt = cfg.jnp_param_dtype
+  params = {
+      "embed": common.normal(k_embed, (cfg.vocab_size, cfg.hidden_size), cfg.initializer_range, dt),
+      "blocks": tuple(blocks),
+      "final_norm": jnp.zeros((cfg.hidden_size,), dt),
+  }
+  if not cfg.tie_word_embeddings:
+    params["lm_head"] = common.normal(k_head, (cfg.hidden_size, cfg.vocab_size),
+                                      cfg.initializer_range, dt)
+  return params
+
+
+def param_axes(cfg: ModelConfig) -> dict:
+  """Logical axis names for every parameter, in the structure of `init_params`."""
+  blocks = tuple(
+      jax.tree.map(lambda a: ("layers",) + a, _layer_axes(cfg, t), is_leaf=lambda a: isinstance(a, tuple))
+      for t in cfg.cycle)
+  axes = {"embed": ("vocab", "embed"), "blocks": blocks, "final_norm": ("norm",)}
+  if not cfg.tie_word_embeddings:
+    axes["lm_head"] = ("embed", "vocab")
+  return axes
+
+
+# -- forward ------------------------------------------------------------------------------
+
+def _block(p, x, positions, cfg: ModelConfig, layer_type: str, cache, lengths, decode: bool):
+  """One pre-norm residual block: mixer then feed-forward. Returns (x, router logits, cache)."""
+  h = norm.rms_norm(x, p["input_norm"], cfg.rms_norm_eps)
+  if layer_type == LINEAR:
+    h, cache = gated_deltanet.forward(p["mixer"], h, cfg, state=cache, lengths=lengths,
+                                      rule="recurrent" if decode else "chunked")
+  elif decode:
+    h, cache = attention.decode(p["mixer"], h, positions[:, 0], cache, cfg)
+  else:
+    h, cache = attention.forward(p["mixer"], h, positions, cfg, cache=cache)
+  x = x + h.astype(x.dtype)
+  h = norm.rms_norm(x, p["post_norm"], cfg.rms_norm_eps)
+  if cfg.use_moe:
+    h, router_logits = moe.forward(p["ffn"], h, cfg)
+  else:
+    h, router_logits = moe.swiglu(p["ffn"], h, cfg.jnp_dtype), None
+  x = x + h.astype(x.dtype)
+  x = common.constrain(x, ("batch", "activation_length", "activation_embed"))
+  return x, router_logits, cache
+
+
+def _run_layers(cfg: ModelConfig, params, x, positions, cache=None, lengths=None, decode=False):
+  """Scans the layer cycle over x [batch, seq, embed]. Returns (x, router logits, cache)."""
+
+  def cycle_body(x, xs):
+    block_params, block_cache = xs
+    router, new_cache = [], []
+    for j, layer_type in enumerate(cfg.cycle):
+      c = None if block_cache is None else block_cache[j]
+      x, r, c = _block(block_params[j], x, positions, cfg, layer_type, c, lengths, decode)
+      router.append(r)
+      new_cache.append(c)
+    return x, (tuple(router), None if block_cache is None else tuple(new_cache))
+
+  if cfg.remat == "full":
+    cycle_body = jax.checkpoint(cycle_body, prevent_cse=False)
+  blocks_cache = None if cache is None else cache["blocks"]
+  x, (router, new_blocks) = jax.lax.scan(cycle_body, x, (params["blocks"], blocks_cache))
+  return x, router, new_blocks
+
+
+def forward_hidden(cfg: ModelConfig, params, tokens, positions=None):
+  """tokens [batch, seq] -> (final-normed hidden [batch, seq, embed], router logits).
+
+  Router logits: tuple over cycle positions of [num_cycles, batch*seq, experts] float32
+  (None entries for dense models), for an auxiliary load-balancing loss.
+  """
+  b, t = tokens.shape
+  if positions is None:
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  x = jnp.take(params["embed"], tokens, axis=0).astype(cfg.jnp_dtype)
+  x = common.constrain(x, ("batch", "activation_length", "activation_embed"))
+  x, router, _ = _run_layers(cfg, params, x, positions)
+  return norm.rms_norm(x, params["final_norm"], cfg.rms_norm_eps), router
+
+
+def logits_from_hidden(cfg: ModelConfig, params, hidden):
+  """hidden [..., embed] -> float32 logits [..., vocab]."""
+  w = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
+  return jnp.dot(hidden.astype(cfg.jnp_dtype), w.astype(cfg.jnp_dtype),
+                 preferred_element_type=jnp.float32)
+
+
+def forward(cfg: ModelConfig, params, tokens, *, return_router_logits: bool = False):
+  """tokens int32 [batch, seq] -> float32 logits [batch, seq, vocab] (and router logits)."""
+  hidden, router = forward_hidden(cfg, params, tokens)
+  logits = logits_from_hidden(cfg, params, hidden)
+  return (logits, router) if return_router_logits else logits
+
+
+# -- incremental decoding -----------------------------------------------------------------
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> dict:
+  """An empty decode cache for `batch` sequences of up to `max_len` tokens.
+
+  {"pos": [batch] int32 (tokens cached so far), "blocks": tuple over cycle positions of
+   attention: {"k", "v": [cycles, batch, max_len, kv_heads, head_dim]}
+   linear:    {"conv": [cycles, batch, kernel-1, conv_dim], "ssm": [cycles, batch, v_heads, d_k, d_v] f32}}
+  Only attention layers grow with max_len; the GDN state is constant in context length.
+  """
+  dt = jnp.dtype(dtype or cfg.dtype)
+  n = cfg.num_cycles
+  blocks = []
+  for layer_type in cfg.cycle:
+    if layer_type == FULL:
+      kv = (n, batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+      blocks.append({"k": jnp.zeros(kv, dt), "v": jnp.zeros(kv, dt)})
+    else:
+      blocks.append({
+          "conv": jnp.zeros((n, batch, cfg.linear_conv_kernel_dim - 1, cfg.gdn_conv_dim), dt),
+          "ssm": jnp.zeros((n, batch, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                            cfg.linear_value_head_dim), jnp.float32)})
+  return {"pos": jnp.zeros((batch,), jnp.int32), "blocks": tuple(blocks)}
+
+
+def cache_axes(cfg: ModelConfig) -> dict:
+  """Logical axis names of `init_cache`'s leaves."""
+  blocks = []
+  for layer_type in cfg.cycle:
+    if layer_type == FULL:
+      kv = ("layers", "batch", "activation_length", "kv_heads", "head_dim")
+      blocks.append({"k": kv, "v": kv})
+    else:
+      blocks.append({"conv": ("layers", "batch", "conv_kernel", "gdn_qkv"),
+                     "ssm": ("layers", "batch", "gdn_heads", "head_dim", "head_dim")})
+  return {"pos": ("batch",), "blocks": tuple(blocks)}
+
+
+def prefill(cfg: ModelConfig, params, tokens, lengths, max_len: int):
+  """Runs right-padded prompts and returns their caches.
+
+  Args:
+    tokens: [batch, seq] int32, each row valid on [0, lengths[i]).
+    lengths: [batch] int32, >= 1.
+    max_len: capacity of the returned KV cache (>= seq).
+  Returns:
+    (logits at each row's last valid token [batch, vocab] float32, cache with pos = lengths).
+  """
+  b, t = tokens.shape
+  cache = init_cache(cfg, b, max_len)
+  positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  x = jnp.take(params["embed"], tokens, axis=0).astype(cfg.jnp_dtype)
+  x, _, blocks = _run_layers(cfg, params, x, positions, cache=cache, lengths=lengths)
+  last = jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0]
+  last = norm.rms_norm(last, params["final_norm"], cfg.rms_norm_eps)
+  return logits_from_hidden(cfg, params, last), {"pos": lengths.astype(jnp.int32), "blocks": blocks}
+
+
+def decode_step(cfg: ModelConfig, params, cache, tokens):
+  """Appends one token per row. tokens [batch] int32 -> (logits [batch, vocab] f32, cache)."""
+  pos = cache["pos"]
+  x = jnp.take(params["embed"], tokens[:, None], axis=0).astype(cfg.jnp_dtype)
+  x, _, blocks = _run_layers(cfg, params, x, pos[:, None], cache=cache, decode=True)
+  x = norm.rms_norm(x[:, 0], params["final_norm"], cfg.rms_norm_eps)
+  return logits_from_hidden(cfg, params, x), {"pos": pos + 1, "blocks": blocks}
+
+
+def cache_insert(decode_cache, prefix_cache, slot, row: int = 0):
+  """Copies row `row` of `prefix_cache` into row `slot` of `decode_cache`.
+
+  KV tensors of the prefix may be shorter than the decode cache's (prefill bucket < max_len);
+  they are written at the start of the slot and the rest of the slot is zeroed.
+  """
+  def put(dst, src, batch_axis):
+    src = jax.lax.dynamic_index_in_dim(src, row, axis=batch_axis, keepdims=True)
+    if src.shape != dst.shape[:batch_axis] + (1,) + dst.shape[batch_axis + 1:]:
+      pad = [(0, d - s) if i != batch_axis else (0, 0)
+             for i, (d, s) in enumerate(zip(dst.shape, src.shape))]
+      src = jnp.pad(src, pad)
+    return jax.lax.dynamic_update_index_in_dim(dst, src.astype(dst.dtype), slot, axis=batch_axis)
+
+  blocks = jax.tree.map(lambda d, s: put(d, s, 1), decode_cache["blocks"], prefix_cache["blocks"])
+  return {"pos": put(decode_cache["pos"], prefix_cache["pos"], 0), "blocks": blocks}
+
+
+# -- sizes ----------------------------------------------------------------------------------
+
+def count_params(cfg: ModelConfig) -> dict:
+  """Total and active parameter counts, from shapes only (nothing is allocated).
+
+  Convention: `active` counts the weights one token touches in a forward pass: every dense
+  weight, the LM head, the router, the shared expert and top_k of num_experts routed experts;
+  the input embedding table is excluded from `active` (a lookup, not a matmul) unless it is
+  tied to the LM head. `total` counts every stored weight once.
+  """
+  shapes = jax.eval_shape(functools.partial(init_params, cfg), jax.random.key(0))
+  total, routed = 0, 0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]:
+    size = math.prod(leaf.shape)
+    total += size
+    if any(getattr(k, "key", None) in ("wi_gate", "wi_up", "wo") for k in path):
+      routed += size
+  embed = cfg.vocab_size * cfg.hidden_size
+  active = total - routed
+  if cfg.use_moe:
+    active += routed * cfg.num_experts_per_tok // cfg.num_experts
+  if not cfg.tie_word_embeddings:
+    active -= embed
+  return {"total": total, "active": active, "embedding": embed, "routed_experts": routed}
+
+
+# -- Hugging Face checkpoints ---------------------------------------------------------------
+
+def load_hf(path, dtype=jnp.float32, **overrides):
+  """Reads a local Hugging Face directory -> (ModelConfig, params). Never touches the network."""
+  from models import hf_io  # pylint: disable=g-import-not-at-top
+  return hf_io.load(path, dtype=dtype, **overrides)
+
+
+def save_hf(cfg: ModelConfig, params, path, **kw):
+  """Writes params in the hub layout (config under text_config, keys under model.language_model.)."""
+  from models import hf_io  # pylint: disable=g-import-not-at-top
+  return hf_io.save(cfg, params, path, **kw)
+
+
+def config_from_dict(model_config) -> ModelConfig:
+  """The `config.model` ConfigDict section -> ModelConfig (applies a named preset)."""
+  return config_lib.from_config_dict(model_config.to_dict() if hasattr(model_config, "to_dict")
+                                     else model_config)
