@@ -181,6 +181,13 @@ def get_config() -> ml_collections.ConfigDict:
   c.checkpoint.keep = 3              # keep the last K checkpoints
   c.checkpoint.async_save = True     # write in a background thread
 
+  # Memory plan (--mode=plan, rl/plan.py): shapes only, nothing allocated.
+  c.plan = ml_collections.ConfigDict()
+  c.plan.num_devices = 0             # devices of the target slice; 0 = the devices present
+  c.plan.device_kind = "cpu"         # label of the target device (e.g. H200, TPU v5p)
+  c.plan.device_memory_gib = 16.0    # memory per device the plan must fit in
+  c.plan.seq_lens = ()               # sequence lengths tabulated; () = train.seq_len only
+
   # Tokenizer and chat format (envs/chat).
   c.tokenizer = ml_collections.ConfigDict()
   c.tokenizer.path = ""              # tokenizer.json or a directory holding one; "" = the shipped tiny BPE

@@ -1,0 +1,178 @@
+"""Memory plan of the train step at full scale, computed from shapes only.
+
+    python launch.py --mode=plan --config=configs/qwen3_5_397b_a17b.py
+
+Prints, per device of the configured mesh, the bytes of parameters, gradients, optimizer
+state and an activation estimate, and says whether the total fits the device memory. Shapes
+come from `jax.eval_shape` (of the model's init and of the optimizer's init) and per-leaf
+shardings from the logical-axis rules on an abstract mesh of the configured shape, so nothing
+is allocated and no device of that size needs to exist: it runs on a laptop CPU.
+
+The activation estimate is analytic (an upper-bound style model of the current
+implementation, not a compiler measurement): saved layer inputs under the configured remat,
+the working set of one recomputed layer cycle, the attention score matrices (the attention
+layers materialise [heads, seq, seq] scores in float32) and the float32 logits of the LM
+head. It is printed per micro-batch for several sequence lengths.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import AbstractMesh, AxisType
+
+from models import qwen3_5
+from models import sharding as shd
+from rl import train_step as ts
+
+GiB = 1024 ** 3
+
+
+def _abstract_mesh(config, num_devices: int) -> AbstractMesh:
+  shape = shd.resolve_mesh_shape(config.mesh.axes, config.mesh.shape, num_devices)
+  return AbstractMesh(shape, tuple(config.mesh.axes), axis_types=(AxisType.Auto,) * len(shape))
+
+
+def _per_device_bytes(shapes, axes_tree, mesh, rules, dtype_override=None) -> int:
+  """Sum over leaves of ceil(shard size) * itemsize, shards from the logical rules."""
+  total = 0
+  leaves = jax.tree.leaves(jax.tree.map(
+      lambda a, s: (a, s), axes_tree, shapes, is_leaf=lambda x: isinstance(x, tuple) and all(
+          isinstance(e, str) or e is None for e in x)), is_leaf=lambda x: isinstance(x, tuple)
+      and len(x) == 2 and isinstance(x[1], jax.ShapeDtypeStruct))
+  for axes, sds in leaves:
+    spec = shd.logical_to_spec(axes, rules, mesh, sds.shape)
+    n = 1
+    for dim, target in zip(sds.shape, tuple(spec) + (None,) * (len(sds.shape) - len(spec))):
+      ways = 1 if target is None else math.prod(
+          mesh.shape[t] for t in ((target,) if isinstance(target, str) else target))
+      n *= -(-dim // ways)
+    itemsize = jnp.dtype(dtype_override or sds.dtype).itemsize
+    total += n * itemsize
+  return total
+
+
+def memory_plan(config, num_devices: int, seq_lens=None) -> dict:
+  """Per-device byte counts for the configured model, optimizer, batch and mesh."""
+  mc = qwen3_5.config_from_dict(config.model)
+  mesh = _abstract_mesh(config, num_devices)
+  rules = shd.rules_from_config(config.mesh.rules)
+  axes = qwen3_5.param_axes(mc)
+  p_shapes = jax.eval_shape(functools.partial(qwen3_5.init_params, mc), jax.random.key(0))
+  tx = ts.make_optimizer(config.optim, config.train.steps)
+  o_shapes = jax.eval_shape(tx.init, p_shapes)
+  n_param_like = sum(1 for _ in jax.tree.leaves(o_shapes) if _.ndim > 0)
+  n_params = len(jax.tree.leaves(p_shapes))
+  if n_param_like != 2 * n_params:
+    raise ValueError(f"expected AdamW state = 2 moments per param, found {n_param_like} "
+                     f"array leaves for {n_params} params")
+
+  params = _per_device_bytes(p_shapes, axes, mesh, rules)
+  # Gradients are accumulated in float32 across micro-batches (params' dtype without them).
+  g_dtype = jnp.float32 if config.train.micro_batches > 1 else None
+  grads = _per_device_bytes(p_shapes, axes, mesh, rules, g_dtype)
+  # Optimizer moments: each param-shaped leaf of the optimizer state, sharded like its param.
+  mu_bytes = _per_device_bytes(p_shapes, axes, mesh, rules, config.optim.mu_dtype)
+  nu_bytes = _per_device_bytes(p_shapes, axes, mesh, rules)
+  opt = mu_bytes + nu_bytes
+
+  counts = qwen3_5.count_params(mc)
+  batch_ways = math.prod(mesh.shape[a] for a in _batch_axes(rules))
+  tensor_ways = mesh.shape.get("tensor", 1)
+  rows = config.train.prompts_per_step * config.train.samples_per_prompt
+  rows_mb = rows // config.train.mini_batches // config.train.micro_batches
+  rows_dev = rows_mb / batch_ways
+  act = []
+  for t in (seq_lens or [config.train.seq_len]):
+    act.append((t, activation_bytes(mc, t, max(rows_dev, 1.0), tensor_ways)))
+  return {"mesh": dict(mesh.shape), "num_devices": num_devices, "counts": counts,
+          "params": params, "grads": grads, "opt": opt, "activations": act,
+          "rows_per_device": rows_dev, "rows_per_micro_batch": rows_mb}
+
+
+def _batch_axes(rules):
+  for name, target in rules:
+    if name == "batch":
+      return () if target is None else ((target,) if isinstance(target, str) else target)
+  return ()
+
+
+def activation_bytes(mc, seq: int, rows: float, tensor_ways: int) -> dict:
+  """Analytic activation bytes of one micro-batch on one device (see module docstring)."""
+  ab = jnp.dtype(mc.dtype).itemsize
+  tok = rows * seq
+  h = mc.hidden_size
+  mlp = (mc.num_experts_per_tok * mc.moe_intermediate_size * 3 + mc.shared_expert_intermediate_size * 3
+         if mc.use_moe else mc.intermediate_size * 3)
+  # Per layer: norms/residuals (~4 h), the MLP expansion, the mixer projections.
+  gdn = 2 * mc.gdn_conv_dim + 2 * mc.gdn_value_dim + 4 * mc.linear_num_value_heads
+  attn = (3 * mc.num_attention_heads + 2 * mc.num_key_value_heads) * mc.head_dim
+  per_layer = {"linear_attention": 4 * h + mlp / tensor_ways + gdn / tensor_ways,
+               "full_attention": 4 * h + mlp / tensor_ways + attn / tensor_ways}
+  n_attn = sum(1 for t in mc.layer_types if t == "full_attention")
+  cycle_ws = sum(per_layer[t] for t in mc.cycle) * tok * ab
+  if mc.remat == "full":
+    saved = mc.num_cycles * tok * h * ab
+    working = cycle_ws * 2              # forward recompute + backward of one cycle
+    scores_layers = sum(1 for t in mc.cycle if t == "full_attention")
+  else:
+    saved = sum(per_layer[t] for t in mc.layer_types) * tok * ab
+    working = cycle_ws
+    scores_layers = n_attn
+  heads_dev = max(mc.num_attention_heads // tensor_ways, 1)
+  scores = scores_layers * rows * heads_dev * seq * seq * 4 * 2   # f32 logits + probs
+  logits = tok * mc.vocab_size / tensor_ways * 4 * 3                # f32 logits, log-softmax, grad
+  return {"saved": saved, "working": working, "attn_scores": scores, "logits": logits,
+          "total": saved + working + scores + logits}
+
+
+def _fmt(b: float) -> str:
+  return f"{b / GiB:10.2f} GiB"
+
+
+def format_plan(config, plan: dict) -> str:
+  hbm = config.plan.device_memory_gib * GiB
+  lines = []
+  c = plan["counts"]
+  lines.append(f"Memory plan: {config.name}  model preset={config.model.preset or '(fields)'}")
+  lines.append(f"  parameters: total {c['total'] / 1e9:.2f} B, active {c['active'] / 1e9:.2f} B "
+               f"per token; param dtype {config.model.param_dtype}, compute {config.model.dtype}")
+  mesh = " x ".join(f"{k}={v}" for k, v in plan["mesh"].items())
+  lines.append(f"  mesh: {mesh}  ({plan['num_devices']} devices of {config.plan.device_kind}, "
+               f"{config.plan.device_memory_gib:.0f} GiB each)")
+  lines.append(f"  batch: {config.train.prompts_per_step} prompts x {config.train.samples_per_prompt} "
+               f"samples, {config.train.mini_batches} mini-batch(es), {config.train.micro_batches} "
+               f"micro-batch(es): {plan['rows_per_micro_batch']} rows per micro-batch, "
+               f"{plan['rows_per_device']:.2f} per device; remat={config.model.remat}")
+  if plan["rows_per_device"] < 1:
+    lines.append("  note: fewer than one row per device per micro-batch; devices along the batch "
+                 "axes idle or duplicate work (use fewer micro-batches)")
+  static = plan["params"] + plan["grads"] + plan["opt"]
+  lines.append("")
+  lines.append(f"  {'per device':28s}{'bytes':>14s}")
+  lines.append(f"  {'params':28s}{_fmt(plan['params'])}")
+  lines.append(f"  {'gradients':28s}{_fmt(plan['grads'])}")
+  lines.append(f"  {'optimizer (AdamW mu, nu)':28s}{_fmt(plan['opt'])}")
+  lines.append(f"  {'static total':28s}{_fmt(static)}")
+  lines.append("")
+  lines.append(f"  {'seq len':>9s} {'saved':>14s} {'working':>14s} {'attn scores':>14s} "
+               f"{'logits':>14s} {'activations':>14s} {'total':>14s}  fits?")
+  for t, a in plan["activations"]:
+    total = static + a["total"]
+    ok = "yes" if total <= hbm else "NO"
+    lines.append(f"  {t:9d} {_fmt(a['saved'])} {_fmt(a['working'])} {_fmt(a['attn_scores'])} "
+                 f"{_fmt(a['logits'])} {_fmt(a['total'])} {_fmt(total)}  {ok} "
+                 f"({100 * total / hbm:.0f}% of {config.plan.device_memory_gib:.0f} GiB)")
+  return "\n".join(lines)
+
+
+def main(config, flags=None):
+  """launch.py --mode=plan entry point."""
+  del flags
+  n = int(config.plan.num_devices) or jax.device_count()
+  seq_lens = list(config.plan.seq_lens) or [config.train.seq_len]
+  plan = memory_plan(config, n, seq_lens)
+  print(format_plan(config, plan))
+  return plan

@@ -1,0 +1,299 @@
+"""The GRPO train step: a pure function of pytrees, jitted once with explicit shardings.
+
+    step = TrainStep(config, mesh)               # builds the optimizer, shardings, jit
+    state = step.init_state(jax.random.key(0))   # sharded params + AdamW state + step + rng
+    state, metrics = step(state, batch)          # state is donated
+
+State (a dict pytree):
+  params     the model's parameter tree (sharded by the logical rules)
+  opt_state  optax AdamW state (moments sharded like the params)
+  step       int32 scalar, optimizer updates done so far
+  rng        uint32 [2] key data for the loop's sampling (checkpointed, not used here)
+
+Batch (a dict of global arrays, rows sharded over the batch mesh axes):
+  tokens            [batch, seq] int32   prompt + trajectory tokens, right padded
+  loss_mask         [batch, seq]         1 where the token was sampled by the policy
+  rollout_logprobs  [batch, seq] float32 engine logprob of tokens[:, t] (0 where mask is 0)
+  rewards           [batch] float32
+  group_ids         [batch] int32        equal for the samples of one prompt
+  valid             [batch] bool         optional; False excludes a sample (masked group)
+  ref_logprobs      [batch, seq] float32 optional; needed when rl.kl.coef > 0
+
+Token t is predicted by the logits at t - 1, so tokens[:, 0] never carries loss.
+
+Inside one call: advantages over the whole batch (groups need all their samples), optional
+recompute of the old logprobs with the incoming params, then `train.mini_batches` optimizer
+updates, each over a strided slice of the batch, each accumulating gradients over
+`train.micro_batches` micro-batches in a lax.scan. Loss reduction weights are computed per
+mini-batch from the whole mini-batch (rl/grpo.py), so micro-batching and data parallelism
+do not change the loss or the gradients.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from models import qwen3_5
+from models import sharding as shd
+from rl import advantages as adv_lib
+from rl import grpo
+from rl import policy_losses as pl
+
+REQUIRED_BATCH_KEYS = ("tokens", "loss_mask", "rollout_logprobs", "rewards", "group_ids")
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+
+def make_schedule(optim: ml_collections.ConfigDict, total_steps: int) -> optax.Schedule:
+  """Linear warmup from 0 to lr, then constant or cosine decay to lr * min_lr_ratio."""
+  warmup = int(optim.warmup_steps)
+  if optim.schedule == "constant":
+    after = optax.constant_schedule(optim.lr)
+  elif optim.schedule == "cosine":
+    decay = int(optim.decay_steps) or max(total_steps - warmup, 1)
+    after = optax.cosine_decay_schedule(optim.lr, decay, alpha=optim.min_lr_ratio)
+  else:
+    raise ValueError(f"unknown optim.schedule {optim.schedule!r}; use constant | cosine")
+  if warmup <= 0:
+    return after
+  return optax.join_schedules([optax.linear_schedule(0.0, optim.lr, warmup), after], [warmup])
+
+
+def make_optimizer(optim: ml_collections.ConfigDict, total_steps: int) -> optax.GradientTransformation:
+  """AdamW (betas, eps, decoupled weight decay) after global-norm gradient clipping."""
+  parts = []
+  if optim.grad_clip:
+    parts.append(optax.clip_by_global_norm(optim.grad_clip))
+  parts.append(optax.adamw(make_schedule(optim, total_steps), b1=optim.b1, b2=optim.b2,
+                           eps=optim.eps, weight_decay=optim.weight_decay,
+                           mu_dtype=jnp.dtype(optim.mu_dtype)))
+  return optax.chain(*parts)
+
+
+# ----------------------------------------------------------------------------- model pieces
+
+
+def token_logprobs(model_cfg, params, tokens, temperature: float, with_router: bool = False):
+  """Logprob and entropy of every token under the policy, aligned with `tokens`.
+
+  Returns logprobs [batch, seq] f32 (0 at t = 0), entropy [batch, seq] f32 (0 at t = 0), and
+  the router logits when `with_router` (tuple over cycle positions, see models.qwen3_5).
+  """
+  hidden, router = qwen3_5.forward_hidden(model_cfg, params, tokens)
+  logits = qwen3_5.logits_from_hidden(model_cfg, params, hidden[:, :-1]) / temperature
+  logp_all = jax.nn.log_softmax(logits, axis=-1)
+  lp = jnp.take_along_axis(logp_all, tokens[:, 1:, None], axis=-1)[..., 0]
+  ent = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+  pad = jnp.zeros((tokens.shape[0], 1), jnp.float32)
+  lp = jnp.concatenate([pad, lp], axis=1)
+  ent = jnp.concatenate([pad, jax.lax.stop_gradient(ent)], axis=1)
+  return (lp, ent, router) if with_router else (lp, ent)
+
+
+def load_balancing_loss(router_logits, num_experts: int, top_k: int) -> jax.Array:
+  """Switch-style auxiliary loss E * sum_e f_e * P_e, averaged over MoE layers.
+
+  f_e: share of (token, slot) assignments to expert e; P_e: mean router probability of e.
+  Equals 1 for perfectly uniform routing. router_logits: tuple of [cycles, tokens, experts].
+  """
+  losses = []
+  for r in router_logits:
+    if r is None:
+      continue
+    probs = jax.nn.softmax(r.astype(jnp.float32), axis=-1)                # [c, n, e]
+    _, idx = jax.lax.top_k(probs, top_k)
+    f = jax.nn.one_hot(idx, num_experts, dtype=jnp.float32).sum(-2).mean(-2) / top_k  # [c, e]
+    p = probs.mean(-2)                                                     # [c, e]
+    losses.append(num_experts * (f * p).sum(-1))                           # [c]
+  if not losses:
+    return jnp.float32(0.0)
+  return jnp.concatenate(losses).mean()
+
+
+# ----------------------------------------------------------------------------- the step
+
+
+class TrainStep:
+  """Builds the optimizer, state shardings and the jitted step for one config and mesh."""
+
+  def __init__(self, config: ml_collections.ConfigDict, mesh, model_cfg=None,
+               return_grads: bool = False):
+    """return_grads: also return the (last mini-batch's) gradients in the metrics, replicated.
+    For tests and debugging of small models only."""
+    self.config = config
+    self.return_grads = return_grads
+    self.mesh = mesh
+    self.rules = shd.rules_from_config(config.mesh.rules)
+    self.model_cfg = model_cfg or qwen3_5.config_from_dict(config.model)
+    self.optimizer = make_optimizer(config.optim, config.train.steps)
+    self.state_shardings = self._state_shardings()
+    self._jitted = None
+    self._batch_signature = None
+
+  # -- state -------------------------------------------------------------------------------
+
+  def _init_state(self, key):
+    k_params, k_rng = jax.random.split(key)
+    params = qwen3_5.init_params(self.model_cfg, k_params)
+    return {"params": params, "opt_state": self.optimizer.init(params),
+            "step": jnp.zeros((), jnp.int32), "rng": jax.random.key_data(k_rng)}
+
+  def abstract_state(self):
+    """ShapeDtypeStructs of the state (with shardings); allocates nothing."""
+    shapes = jax.eval_shape(self._init_state, jax.random.key(0))
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                        shapes, self.state_shardings)
+
+  def _state_shardings(self):
+    shapes = jax.eval_shape(self._init_state, jax.random.key(0))
+    param_sh = shd.tree_shardings(qwen3_5.param_axes(self.model_cfg), shapes["params"],
+                                  self.mesh, self.rules)
+    rep = shd.replicated(self.mesh)
+    opt_sh = optax.tree_map_params(self.optimizer, lambda _, sh: sh, shapes["opt_state"],
+                                   param_sh, transform_non_params=lambda _: rep)
+    return {"params": param_sh, "opt_state": opt_sh, "step": rep, "rng": rep}
+
+  def init_state(self, key):
+    """Sharded initial state: every device materialises only its own shards."""
+    with shd.use_mesh(self.mesh, self.rules):
+      return jax.jit(self._init_state, out_shardings=self.state_shardings)(key)
+
+  # -- batch -------------------------------------------------------------------------------
+
+  def batch_shardings(self, batch):
+    return {k: shd.batch_sharding(self.mesh, self.rules, v.ndim, v.shape[0])
+            for k, v in batch.items()}
+
+  def shard_batch(self, batch):
+    """Host (numpy) batch -> global arrays laid out over the batch mesh axes."""
+    return shd.shard_batch(batch, self.mesh, self.rules)
+
+  # -- loss --------------------------------------------------------------------------------
+
+  def _micro_loss(self, params, mb):
+    """Loss and metric SUMS of one micro-batch, weighted with whole-mini-batch weights."""
+    rl = self.config.rl
+    want_router = bool(rl.moe_aux_loss_coef) and self.model_cfg.use_moe
+    out = token_logprobs(self.model_cfg, params, mb["tokens"], rl.temperature, want_router)
+    lp, ent = out[0], out[1]
+    x = pl.PolicyInputs(logprobs=lp, old_logprobs=mb["old_logprobs"],
+                        rollout_logprobs=mb["rollout_logprobs"],
+                        advantages=jnp.broadcast_to(mb["advantages"][:, None], lp.shape),
+                        loss_mask=mb["loss_mask"])
+    token_loss, token_metrics = pl.compute_policy_loss(x, rl, mb.get("ref_logprobs"), ent)
+    loss = jnp.sum(mb["weights"] * token_loss)
+    aux = {k: jnp.sum(mb["metric_weights"] * v) for k, v in token_metrics.items()}
+    aux["loss/policy"] = jax.lax.stop_gradient(loss)
+    if want_router:
+      # Each micro-batch adds its own balance loss / micro_batches: the mean over micro-batches.
+      lb = load_balancing_loss(out[2], self.model_cfg.num_experts,
+                               self.model_cfg.num_experts_per_tok) / self.config.train.micro_batches
+      loss = loss + rl.moe_aux_loss_coef * lb
+      aux["loss/moe_load_balance"] = jax.lax.stop_gradient(lb)
+    return loss, aux
+
+  def loss_and_grads(self, params, mini):
+    """(loss, metric sums), grads of one prepared mini-batch, accumulated over micro-batches."""
+    return grpo.microbatched_value_and_grad(self._micro_loss, params, mini,
+                                            self.config.train.micro_batches)
+
+  def prepare(self, params, batch):
+    """Advantages, validity, old logprobs: everything computed once over the whole batch."""
+    rl = self.config.rl
+    b = batch["tokens"].shape[0]
+    valid = batch.get("valid", jnp.ones((b,), bool))
+    adv, valid, adv_metrics = adv_lib.compute_advantages(
+        batch["rewards"], batch["group_ids"], valid, rl)
+    mask = batch["loss_mask"].astype(jnp.float32) * valid[:, None]
+    if rl.recompute_old_logprobs:
+      n = self.config.train.micro_batches
+      micro = grpo.split_micro_batches(batch["tokens"], n)
+      old = jax.lax.map(lambda t: token_logprobs(self.model_cfg, params, t, rl.temperature)[0],
+                        micro)
+      old = jnp.swapaxes(old, 0, 1).reshape(batch["tokens"].shape)
+      old = jax.lax.stop_gradient(old)
+    else:
+      old = batch["rollout_logprobs"]
+    prepared = {"tokens": batch["tokens"], "loss_mask": mask, "advantages": adv,
+                "old_logprobs": old.astype(jnp.float32),
+                "rollout_logprobs": batch["rollout_logprobs"].astype(jnp.float32),
+                "group_ids": batch["group_ids"]}
+    if "ref_logprobs" in batch:
+      prepared["ref_logprobs"] = batch["ref_logprobs"].astype(jnp.float32)
+    return prepared, adv_metrics
+
+  def add_weights(self, mini):
+    """Reduction weights and token-mean metric weights of a mini-batch (whole-mini-batch)."""
+    rl = self.config.rl
+    mask = mini["loss_mask"]
+    mini = dict(mini)
+    mini["weights"] = grpo.reduction_weights(mask, mini["group_ids"], rl.loss_reduction,
+                                             rl.max_seq_len or None)
+    mini["metric_weights"] = mask / jnp.maximum(mask.sum(), 1.0)
+    return mini
+
+  # -- step --------------------------------------------------------------------------------
+
+  def _step(self, state, batch):
+    for k in REQUIRED_BATCH_KEYS:
+      if k not in batch:
+        raise KeyError(f"train batch lacks {k!r}; needs {REQUIRED_BATCH_KEYS}")
+    params, opt_state = state["params"], state["opt_state"]
+    prepared, adv_metrics = self.prepare(params, batch)
+    n_mini = self.config.train.mini_batches
+    minis = grpo.split_micro_batches(prepared, n_mini) if n_mini > 1 else None
+    sums = []
+    for i in range(n_mini):
+      mini = prepared if minis is None else jax.tree.map(lambda x: x[i], minis)
+      mini = self.add_weights(mini)
+      (loss, aux), grads = self.loss_and_grads(params, mini)
+      grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+      updates, opt_state = self.optimizer.update(grads, opt_state, params)
+      params = optax.apply_updates(params, updates)
+      aux = dict(aux, **{"loss/total": loss, "optim/grad_norm": optax.global_norm(grads),
+                         "optim/update_norm": optax.global_norm(updates),
+                         "tokens/loss_tokens": mini["loss_mask"].sum()})
+      sums.append(aux)
+    metrics = jax.tree.map(lambda *xs: sum(xs) / len(xs), *sums)
+    if self.return_grads:
+      metrics["grads"] = grads
+    metrics.update(adv_metrics)
+    step = state["step"] + n_mini
+    metrics["optim/lr"] = make_schedule(self.config.optim, self.config.train.steps)(step - 1)
+    metrics["tokens/live_sequences"] = (prepared["loss_mask"].sum(1) > 0).sum()
+    new_state = {"params": params, "opt_state": opt_state, "step": step, "rng": state["rng"]}
+    return new_state, metrics
+
+  def _compiled_for(self, batch):
+    """The jitted step; built once, for the batch layout of the first call."""
+    signature = {k: (tuple(v.shape), str(v.dtype)) for k, v in batch.items()}
+    if self._jitted is None:
+      self._batch_signature = signature
+      self._jitted = jax.jit(
+          self._step, in_shardings=(self.state_shardings, self.batch_shardings(batch)),
+          out_shardings=(self.state_shardings, shd.replicated(self.mesh)),
+          donate_argnums=(0,))
+    elif signature != self._batch_signature:
+      raise ValueError(f"batch layout changed: {signature} vs {self._batch_signature}; pad "
+                       "batches to one shape so the step compiles once")
+    return self._jitted
+
+  def __call__(self, state, batch):
+    with shd.use_mesh(self.mesh, self.rules):
+      return self._compiled_for(batch)(state, batch)
+
+  def lower(self, state, batch):
+    """Lowers the step for (abstract) state and batch without running it."""
+    with shd.use_mesh(self.mesh, self.rules):
+      return self._compiled_for(batch).lower(state, batch)
+
+
+def train_step(state, batch, *, step_fn: TrainStep):
+  """Functional spelling: `train_step(state, batch, step_fn=TrainStep(config, mesh))`."""
+  return step_fn(state, batch)

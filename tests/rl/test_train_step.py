@@ -1,0 +1,182 @@
+"""The train step with the tiny model: micro-batching, sharding, learning, checkpoints.
+
+Compiles are the cost here (8 fake devices on a small CPU), so each TrainStep is built once
+per module and reused.
+"""
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models import sharding as shd
+from rl import checkpoint as ckpt_lib
+from rl import train_step as ts
+import train_utils as tu  # tests/rl is on sys.path (pytest rootdir-relative import)
+
+
+def _single_device_mesh(config):
+  with config.mesh.unlocked():
+    config.mesh.shape = (1, 1, 1, 1)
+  return shd.make_mesh(config.mesh, devices=jax.devices()[:1])
+
+
+def _mesh(config, shape):
+  with config.mesh.unlocked():
+    config.mesh.shape = shape
+  return shd.make_mesh(config.mesh)
+
+
+_CACHE = {}
+
+
+def _step(name, shape=None, **overrides):
+  """A cached TrainStep; shape None = one device."""
+  key = (name, shape, tuple(sorted(overrides.items())))
+  if key not in _CACHE:
+    c = tu.small_config(**overrides)
+    mesh = _single_device_mesh(c) if shape is None else _mesh(c, shape)
+    _CACHE[key] = ts.TrainStep(c, mesh, return_grads=True)
+  return _CACHE[key]
+
+
+@pytest.fixture(scope="module")
+def base_state_and_batch():
+  step = _step("single")
+  state = step.init_state(jax.random.key(0))
+  host_state = jax.device_get(state)
+  batch = tu.make_batch(step.config, state["params"], seed=1)
+  return host_state, batch
+
+
+def _put_state(step, host_state):
+  return jax.device_put(host_state, step.state_shardings)
+
+
+def _rel_close(a, b, rtol=1e-5, what=""):
+  """|a - b| <= rtol * max(|b|) per leaf (relative to the leaf's scale)."""
+  for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b)):
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    scale = max(np.abs(y).max(), 1e-30)
+    err = np.abs(x - y).max() / scale
+    assert err <= rtol, f"{what}{jax.tree_util.keystr(path)}: rel err {err:.2e} > {rtol}"
+
+
+def test_micro_batches_match_with_model(base_state_and_batch):
+  host_state, batch = base_state_and_batch
+  outs = {}
+  for n in (1, 4):
+    step = _step("single", micro=n, **{"train.micro_batches": n}) if n > 1 else _step("single")
+    state, m = step(_put_state(step, host_state), step.shard_batch(batch))
+    outs[n] = (jax.device_get(m), jax.device_get(state["params"]))
+  m1, p1 = outs[1]
+  m4, p4 = outs[4]
+  np.testing.assert_allclose(m4["loss/total"], m1["loss/total"], rtol=1e-5)
+  _rel_close(m4["grads"], m1["grads"], what="grads ")
+  _rel_close(p4, p1, what="params ")
+  for k in ("policy/clip_frac", "policy/approx_kl", "policy/entropy"):
+    np.testing.assert_allclose(m4[k], m1[k], rtol=1e-5, atol=1e-7, err_msg=k)
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 2, 1), (2, 1, 1, 4)], ids=["data2_fsdp2_expert2", "data2_tensor4"])
+def test_sharded_step_matches_single_device(base_state_and_batch, shape):
+  host_state, batch = base_state_and_batch
+  ref = _step("single")
+  ref_state, ref_m = ref(_put_state(ref, host_state), ref.shard_batch(batch))
+  ref_m, ref_p = jax.device_get(ref_m), jax.device_get(ref_state["params"])
+
+  step = _step("sharded", shape)
+  state = _put_state(step, host_state)
+  # Params really are sharded as the rules say.
+  wi = state["params"]["blocks"][0]["ffn"]["wi_gate"]
+  mesh_shape = dict(step.mesh.shape)
+  expected = tuple(a for a in ("expert", "fsdp", "tensor") if mesh_shape[a] > 1)
+  used = [a for entry in wi.sharding.spec if entry for a in ((entry,) if isinstance(entry, str) else entry)]
+  assert set(used) == set(expected), (wi.sharding.spec, expected)
+  n_shards = len({idx for idx in (tuple((s.start, s.stop) for s in sh.index) for sh in wi.addressable_shards)})
+  assert n_shards == np.prod([mesh_shape[a] for a in expected])
+  sharded_batch = step.shard_batch(batch)
+  assert sharded_batch["tokens"].sharding.spec[0] is not None
+
+  new_state, m = step(state, sharded_batch)
+  for leaf in jax.tree.leaves(new_state["params"]):      # out shardings are the state's
+    assert leaf.sharding.mesh.shape == step.mesh.shape
+  m, p = jax.device_get(m), jax.device_get(new_state["params"])
+  np.testing.assert_allclose(m["loss/total"], ref_m["loss/total"], rtol=1e-5)
+  np.testing.assert_allclose(m["optim/grad_norm"], ref_m["optim/grad_norm"], rtol=1e-5)
+  _rel_close(m["grads"], ref_m["grads"], what="grads ")
+  _rel_close(p, ref_p, what="params ")
+  # Opt state sharded like the params.
+  mu = new_state["opt_state"][1][0].mu["blocks"][0]["ffn"]["wi_gate"]
+  assert mu.sharding.spec == wi.sharding.spec
+
+
+def test_step_learns_on_fixed_batch(base_state_and_batch):
+  host_state, batch = base_state_and_batch
+  step = _step("single")
+  state = _put_state(step, host_state)
+  b = step.shard_batch(batch)
+  losses = []
+  for _ in range(5):
+    state, m = step(state, b)
+    losses.append(float(m["loss/total"]))
+  assert losses[-1] < losses[0] - 1e-3, losses
+  assert int(state["step"]) == 5
+
+
+def test_kill_and_restore_reproduces_next_step(base_state_and_batch, tmp_path):
+  host_state, batch = base_state_and_batch
+  step = _step("single")
+  b = step.shard_batch(batch)
+  ck = ckpt_lib.Checkpointer(str(tmp_path / "ck"), save_every=2, keep=2, async_save=True)
+  state = _put_state(step, host_state)
+  for i in range(1, 4):
+    state, _ = step(state, b)
+    ck.maybe_save(i, state, {"data_position": 10 * i})
+  uninterrupted, _ = step(state, b)             # step 4 without interruption
+  want = jax.device_get(uninterrupted)
+  ck.close()
+  del state, uninterrupted                     # the "killed" run leaves nothing behind
+
+  ck2 = ckpt_lib.Checkpointer(str(tmp_path / "ck"), save_every=2, keep=2, async_save=True)
+  restored = ck2.restore_latest(step.abstract_state())
+  assert restored is not None
+  at, state, meta = restored
+  assert at == 2 and meta["data_position"] == 20 and int(state["step"]) == 2
+  state, _ = step(state, b)                    # replay step 3
+  state, _ = step(state, b)                    # step 4
+  got = jax.device_get(state)
+  for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  ck2.close()
+
+
+def test_corrupt_checkpoint_falls_back(base_state_and_batch, tmp_path):
+  host_state, _ = base_state_and_batch
+  step = _step("single")
+  ck = ckpt_lib.Checkpointer(str(tmp_path / "ck"), save_every=1, keep=3, async_save=False)
+  state = _put_state(step, host_state)
+  ck.save(1, state, {"data_position": 1})
+  ck.save(2, state, {"data_position": 2})
+  ck.wait()
+  state_dir = tmp_path / "ck" / "2" / "state"
+  assert state_dir.exists()
+  for root, _, files in os.walk(state_dir):
+    for f in files:
+      os.remove(os.path.join(root, f))
+  restored = ck.restore_latest(step.abstract_state())
+  assert restored is not None and restored[0] == 1 and restored[2]["data_position"] == 1
+  assert [s for s, _ in ck.skipped] == [2]
+  ck.close()
+
+
+def test_optimizer_schedule():
+  c = tu.small_config(**{"optim.warmup_steps": 4, "optim.schedule": "cosine", "optim.lr": 1.0,
+                         "optim.min_lr_ratio": 0.1, "train.steps": 14})
+  sched = ts.make_schedule(c.optim, c.train.steps)
+  np.testing.assert_allclose([float(sched(i)) for i in (0, 2, 4, 14)], [0.0, 0.5, 1.0, 0.1],
+                             atol=1e-6)
+  c = tu.small_config(**{"optim.schedule": "constant"})
+  assert float(ts.make_schedule(c.optim, 10)(7)) == c.optim.lr
