@@ -4,7 +4,7 @@ Compiles are the cost here (8 fake devices on a small CPU), so each TrainStep is
 per module and reused.
 """
 import os
-import shutil
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +14,8 @@ import pytest
 from models import sharding as shd
 from rl import checkpoint as ckpt_lib
 from rl import train_step as ts
-import train_utils as tu  # tests/rl is on sys.path (pytest rootdir-relative import)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import train_utils as tu  # noqa: E402
 
 
 def _single_device_mesh(config):
@@ -64,11 +65,12 @@ def _rel_close(a, b, rtol=1e-5, what=""):
     assert err <= rtol, f"{what}{jax.tree_util.keystr(path)}: rel err {err:.2e} > {rtol}"
 
 
+@pytest.mark.slow
 def test_micro_batches_match_with_model(base_state_and_batch):
   host_state, batch = base_state_and_batch
   outs = {}
   for n in (1, 4):
-    step = _step("single", micro=n, **{"train.micro_batches": n}) if n > 1 else _step("single")
+    step = _step("single", **{"train.micro_batches": n}) if n > 1 else _step("single")
     state, m = step(_put_state(step, host_state), step.shard_batch(batch))
     outs[n] = (jax.device_get(m), jax.device_get(state["params"]))
   m1, p1 = outs[1]
@@ -80,6 +82,7 @@ def test_micro_batches_match_with_model(base_state_and_batch):
     np.testing.assert_allclose(m4[k], m1[k], rtol=1e-5, atol=1e-7, err_msg=k)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(2, 2, 2, 1), (2, 1, 1, 4)], ids=["data2_fsdp2_expert2", "data2_tensor4"])
 def test_sharded_step_matches_single_device(base_state_and_batch, shape):
   host_state, batch = base_state_and_batch

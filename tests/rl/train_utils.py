@@ -47,8 +47,9 @@ def make_batch(config, params=None, seed=0, prompt_len=6):
   rewards[1::s] = 0.0                                    # every group has variance
   if params is not None:
     mc = qwen3_5.config_from_dict(config.model)
+    host_params = jax.device_put(jax.device_get(params), jax.devices()[0])
     lp, _ = jax.jit(lambda p, x: ts.token_logprobs(mc, p, x, config.rl.temperature))(
-        params, jnp.asarray(tokens))
+        host_params, jnp.asarray(tokens))
     lp = np.asarray(lp) + rng.normal(0, 0.01, size=(b, t)).astype(np.float32)
   else:
     lp = np.log(rng.uniform(0.01, 0.9, size=(b, t))).astype(np.float32)

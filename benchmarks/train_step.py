@@ -1,0 +1,119 @@
+"""Throughput of the GRPO train step: tokens/s, and MFU on a GPU/TPU.
+
+  python benchmarks/train_step.py --config=configs/tiny_cpu.py
+  python benchmarks/train_step.py --config=configs/tiny_cpu.py --config.train.seq_len=512 --steps=5
+
+Builds the configured model and mesh over the devices present, feeds a synthetic GRPO batch
+of the configured shape (prompts_per_step x samples_per_prompt rows of train.seq_len tokens)
+and times `--steps` steps after one compile step. Model FLOPs are counted from the config:
+6 x (active parameters per token) x tokens for the matmuls (forward + backward), plus the
+attention score/value matmuls of the full-attention layers (causal: half of 4 T^2 H D per
+layer per sequence, x3 for the backward); the optional recompute of old logprobs and remat
+are not counted (MFU counts model FLOPs, not hardware FLOPs). Prints figures; asserts none.
+"""
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from models import qwen3_5  # noqa: E402
+from models import sharding as shd  # noqa: E402
+from rl import train_step as ts  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny_cpu.py", "Config file.")
+_STEPS = flags.DEFINE_integer("steps", 3, "Timed steps (after one compile step).")
+
+# Dense bf16 peak FLOP/s per device, by substring of jax's device_kind.
+_PEAK = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "v5p": 459e12,
+         "v5e": 197e12, "v5 lite": 197e12, "v4": 275e12, "v6": 918e12}
+
+
+def model_flops_per_step(mc, rows: int, seq: int, loss_tokens: int) -> float:
+  counts = qwen3_5.count_params(mc)
+  tokens = rows * seq
+  dense = 6.0 * counts["active"] * tokens
+  n_attn = sum(1 for t in mc.layer_types if t == "full_attention")
+  attn = 3 * n_attn * rows * 2 * seq * seq * mc.num_attention_heads * mc.head_dim  # causal half of 4TTHD, x3
+  del loss_tokens
+  return dense + attn
+
+
+def peak_flops(device) -> float | None:
+  kind = getattr(device, "device_kind", "")
+  for k, v in _PEAK.items():
+    if k.lower() in kind.lower():
+      return v
+  return None
+
+
+def synthetic_batch(config, seed=0):
+  rng = np.random.default_rng(seed)
+  g, s, t = config.train.prompts_per_step, config.train.samples_per_prompt, config.train.seq_len
+  b = g * s
+  prompt = max(t // 8, 1)
+  mask = np.zeros((b, t), np.float32)
+  mask[:, prompt:] = 1.0
+  rewards = rng.integers(0, 2, size=b).astype(np.float32)
+  rewards[::s], rewards[1::s] = 1.0, 0.0
+  return {
+      "tokens": rng.integers(0, config.model.vocab_size if not config.model.preset else 1000,
+                             size=(b, t)).astype(np.int32),
+      "loss_mask": mask,
+      "rollout_logprobs": (np.log(rng.uniform(0.05, 0.95, size=(b, t))) * mask).astype(np.float32),
+      "rewards": rewards,
+      "group_ids": np.repeat(np.arange(g), s).astype(np.int32),
+  }
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  mesh = shd.make_mesh(config.mesh)
+  step = ts.TrainStep(config, mesh)
+  mc = step.model_cfg
+  state = step.init_state(jax.random.key(config.seed))
+  host = synthetic_batch(config)
+  batch = step.shard_batch(host)
+  rows, seq = host["tokens"].shape
+
+  t0 = time.perf_counter()
+  state, m = step(state, batch)
+  jax.block_until_ready(m)
+  compile_s = time.perf_counter() - t0
+  times = []
+  for _ in range(_STEPS.value):
+    t0 = time.perf_counter()
+    state, m = step(state, batch)
+    jax.block_until_ready(m)
+    times.append(time.perf_counter() - t0)
+  dt = float(np.median(times))
+  tokens = rows * seq
+  flops = model_flops_per_step(mc, rows, seq, int(host["loss_mask"].sum()))
+  dev = jax.devices()[0]
+  n = jax.device_count()
+  counts = qwen3_5.count_params(mc)
+  print(f"config            {config.name} (preset {config.model.preset or '-'}), "
+        f"params {counts['total'] / 1e6:.2f} M total / {counts['active'] / 1e6:.2f} M active")
+  print(f"devices           {n} x {dev.platform}:{getattr(dev, 'device_kind', '?')}, mesh {shd.describe(mesh)}")
+  print(f"batch             {rows} rows x {seq} tokens, {config.train.micro_batches} micro-batch(es), "
+        f"dtype {config.model.dtype}, remat {config.model.remat}")
+  print(f"first step        {compile_s:.2f} s (compile + run)")
+  print(f"step time         {dt * 1e3:.1f} ms (median of {len(times)})")
+  print(f"throughput        {tokens / dt:,.0f} tokens/s ({tokens / dt / n:,.0f} per device)")
+  print(f"model FLOPs/step  {flops:.3e}  ->  {flops / dt / n / 1e12:.3f} TFLOP/s per device")
+  peak = peak_flops(dev)
+  if dev.platform != "cpu" and peak:
+    print(f"MFU               {100 * flops / dt / n / peak:.1f}% of {peak / 1e12:.0f} TFLOP/s bf16 peak")
+  else:
+    print("MFU               n/a (no accelerator with a known peak)")
+  print(f"loss              {float(m['loss/total']):.5f}")
+
+
+if __name__ == "__main__":
+  app.run(main)
