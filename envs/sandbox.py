@@ -119,7 +119,7 @@ _UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--mount", "--pid",
 @dataclasses.dataclass
 class SandboxResult:
   status: str          # ok | error | timeout | cpu_limit | memory_limit | file_size_limit |
-                       # process_limit | network_blocked | write_blocked
+                       # process_limit | network_blocked | write_blocked | cancelled
   exit_code: int       # the worker's exit code; 128+N when killed by signal N; -9 when we killed it
   stdout: str
   stderr: str
@@ -171,6 +171,22 @@ def _count_session(sid: int) -> int:
   return n
 
 
+def _count_tree(pid: int, limit: int) -> int:
+  """Processes in the tree under pid (stops counting past limit). Inside a pid namespace every
+  orphan is re-parented to the namespace's init, so the tree is the whole run."""
+  n, todo = 0, [pid]
+  while todo and n <= limit:
+    p = todo.pop()
+    n += 1
+    try:
+      for tid in os.listdir(f"/proc/{p}/task"):
+        with open(f"/proc/{p}/task/{tid}/children") as f:
+          todo += [int(c) for c in f.read().split()]
+    except (OSError, ValueError):
+      continue
+  return n
+
+
 def _kill_session(pgid: int):
   for _ in range(50):
     try:
@@ -186,10 +202,12 @@ _NET_RE = re.compile(r"Network is unreachable|Errno 101|name resolution|Name or 
                      r"Errno -3|Errno -2|Cannot assign requested address")
 
 
-def run_python(code: str, files_dir: str, sandbox_cfg, output_chars: int) -> SandboxResult:
+def run_python(code: str, files_dir: str, sandbox_cfg, output_chars: int,
+               cancel: threading.Event = None) -> SandboxResult:
   """Runs `code` with cwd = files_dir under the limits of `sandbox_cfg` (config.envs.sandbox).
 
-  Output beyond `output_chars` characters (each of stdout, stderr) is cut.
+  Output beyond `output_chars` characters (each of stdout, stderr) is cut. Setting `cancel`
+  kills the run (status "cancelled"), e.g. when the caller's own time limit has passed.
   """
   files_dir = os.path.realpath(files_dir)
   use_ns = bool(sandbox_cfg.namespaces) and _namespaces_work()
@@ -216,16 +234,25 @@ def run_python(code: str, files_dir: str, sandbox_cfg, output_chars: int) -> San
     proc = subprocess.Popen(cmd, stdin=inp, stdout=out, stderr=err, cwd=files_dir, env=env,
                             start_new_session=True, preexec_fn=preexec)
     killed_for = None
+    # unshare + boot + worker are 3 processes of the tree; count only what the code started.
+    if use_ns and os.path.exists(f"/proc/{proc.pid}/task/{proc.pid}/children"):
+      count = lambda pid: _count_tree(pid, lim.max_processes + 3) - 3  # noqa: E731
+    else:
+      count = _count_session
     deadline = t0 + lim.wall_s
+    polls = 0
     while True:
       try:
-        proc.wait(timeout=0.05)
+        # Short first waits: most runs end within a few hundred milliseconds.
+        proc.wait(timeout=0.02 if polls < 10 else 0.05)
         break
       except subprocess.TimeoutExpired:
-        pass
-      if time.monotonic() > deadline:
+        polls += 1
+      if cancel is not None and cancel.is_set():
+        killed_for = "cancelled"
+      elif time.monotonic() > deadline:
         killed_for = "timeout"
-      elif _count_session(proc.pid) > lim.max_processes:
+      elif polls % 2 == 0 and count(proc.pid) > lim.max_processes:
         killed_for = "process_limit"
       if killed_for:
         _kill_session(proc.pid)

@@ -46,6 +46,7 @@ def build_server(world_dir: str, envs_cfg) -> MCPServer:
         try:
           text = await asyncio.wait_for(asyncio.to_thread(wt.call, name, kwargs), limit)
         except asyncio.TimeoutError:
+          wt.cancel.set()  # a sandboxed run is killed; other tools finish on their own
           raise ToolError(f"[timeout] {name} exceeded the {limit:g}s tool time limit") from None
         except tools_lib.ToolFailure as e:
           raise ToolError(str(e)) from None

@@ -59,6 +59,8 @@ class WorldTools:
     self.apps = os.path.join(self.world_dir, "apps")
     self.cfg = envs_cfg
     self.lock = threading.RLock()
+    # Set by the server when a call outlives its time limit: stops a running sandbox.
+    self.cancel = threading.Event()
     self._cache = {}  # (kind, path) -> ((mtime_ns, size), text): parsed documents
 
   # ---- helpers -------------------------------------------------------------------------------
@@ -391,7 +393,8 @@ class WorldTools:
   def code_execution_run_python(self, code: str) -> str:
     """Run Python 3 code in a sandbox whose working directory is the world's root folder.
     Print what you need to see; no network; time and memory are limited."""
-    r = sandbox.run_python(code, self.files, self.cfg.sandbox, self.cfg.tool_output_chars)
+    r = sandbox.run_python(code, self.files, self.cfg.sandbox, self.cfg.tool_output_chars,
+                           cancel=self.cancel)
     return r.to_text()
 
   # ---- dispatch ------------------------------------------------------------------------------
@@ -401,6 +404,7 @@ class WorldTools:
       raise ToolFailure("unknown_tool", f"no tool {name!r}")
     try:
       with self.lock:
+        self.cancel.clear()
         return getattr(self, name)(**(args or {}))
     except ToolFailure:
       raise

@@ -8,15 +8,26 @@ import os
 import shutil
 
 
+def _scan(root: str):
+  """(files {relpath: (size, mtime_ns)}, dirs {relpath}) under root, without following links."""
+  files, dirs = {}, set()
+  stack = [("", root)]
+  while stack:
+    rel, path = stack.pop()
+    with os.scandir(path) as it:
+      for e in it:
+        r = rel + e.name
+        if e.is_dir(follow_symlinks=False):
+          dirs.add(r)
+          stack.append((r + os.sep, e.path))
+        else:
+          st = e.stat(follow_symlinks=False)
+          files[r] = (st.st_size, st.st_mtime_ns)
+  return files, dirs
+
+
 def _manifest(root: str) -> dict:
-  out = {}
-  for d, dirs, names in os.walk(root):
-    dirs.sort()
-    for n in names:
-      p = os.path.join(d, n)
-      st = os.stat(p)
-      out[os.path.relpath(p, root)] = (st.st_size, st.st_mtime_ns)
-  return out
+  return _scan(root)[0]
 
 
 class WorldInstance:
@@ -33,8 +44,7 @@ class WorldInstance:
     if os.path.exists(self.path):
       shutil.rmtree(self.path)
     shutil.copytree(self.pristine, self.path)
-    self._base = _manifest(self.pristine)
-    self._dirs = {os.path.relpath(d, self.pristine) for d, _, _ in os.walk(self.pristine)}
+    self._base, self._dirs = _scan(self.pristine)
     self.input_files = {}
 
   def reset(self, input_files: dict = None):
@@ -43,18 +53,16 @@ class WorldInstance:
     Args:
       input_files: {path relative to files/: text} placed before the episode starts.
     """
+    cur, cur_dirs = _scan(self.path)
     # Directories the episode created go first, with everything in them.
-    for d, dirs, _ in os.walk(self.path):
-      for n in list(dirs):
-        if os.path.relpath(os.path.join(d, n), self.path) not in self._dirs:
-          shutil.rmtree(os.path.join(d, n))
-          dirs.remove(n)
-    for rel in self._dirs:
-      os.makedirs(os.path.join(self.path, rel), exist_ok=True)
-    cur = _manifest(self.path)
+    for d in sorted(cur_dirs - self._dirs, key=len):
+      if os.path.lexists(os.path.join(self.path, d)):
+        shutil.rmtree(os.path.join(self.path, d))
     for rel, sig in cur.items():
-      if self._base.get(rel) != sig:
+      if self._base.get(rel) != sig and os.path.lexists(os.path.join(self.path, rel)):
         os.remove(os.path.join(self.path, rel))
+    for d in self._dirs - cur_dirs:
+      os.makedirs(os.path.join(self.path, d), exist_ok=True)
     for rel, sig in self._base.items():
       if cur.get(rel) != sig:
         dst = os.path.join(self.path, rel)

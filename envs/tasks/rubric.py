@@ -22,6 +22,7 @@ Items in `contains` are {"number": v, "decimals": d} or {"text": s}.
 """
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import re
@@ -109,6 +110,14 @@ def _doc_text(path: str) -> str:
     return f.read()
 
 
+@functools.lru_cache(maxsize=256)
+def _slide_count(path: str, mtime_ns: int, size: int) -> int:
+  """Slides of a (pristine) deck; cached because every graded episode of a world reads it."""
+  del mtime_ns, size  # cache key only
+  from pptx import Presentation
+  return len(Presentation(path).slides)
+
+
 def check(c: dict, answer: str, before: str, after: str, cfg) -> CriterionResult:
   """One criterion. `before`/`after` are world directories (files/ + apps/)."""
   t = c["type"]
@@ -156,7 +165,8 @@ def check(c: dict, answer: str, before: str, after: str, cfg) -> CriterionResult
     from pptx import Presentation
     p_before, p_after = _file(before, c["path"]), _file(after, c["path"])
     if os.path.isfile(p_after):
-      n0 = len(Presentation(p_before).slides)
+      st = os.stat(p_before)
+      n0 = _slide_count(p_before, st.st_mtime_ns, st.st_size)
       slides = list(Presentation(p_after).slides)
       detail = f"{len(slides) - n0} slides added"
       for s in slides[n0:]:

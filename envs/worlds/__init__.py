@@ -44,6 +44,11 @@ def _fingerprint(envs_cfg) -> str:
           "people_per_world", "note_files_per_world")
   d = {k: envs_cfg[k] for k in keys}
   d["version"] = GENERATOR_VERSION
+  # The generator's own source is part of the key: a cached world never outlives its code.
+  here = os.path.dirname(os.path.abspath(__file__))
+  for name in ("spec.py", "render.py"):
+    with open(os.path.join(here, name), "rb") as f:
+      d[name] = hashlib.sha256(f.read()).hexdigest()
   return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -63,6 +68,11 @@ def _gen_one(args):
   domain = {d[:2]: d for d in DOMAINS}[wid[:2]]
   generate_world(envs_cfg, spec_for(envs_cfg, domain, int(wid[2:])), world_dir(root, wid))
   return wid
+
+
+def cache_dir(envs_cfg, parent: str) -> str:
+  """A directory under parent named by the generation settings (for shared caches)."""
+  return os.path.join(parent, f"worlds-{_fingerprint(envs_cfg)}")
 
 
 def ensure_worlds(envs_cfg, root: str = None, workers: int = None) -> str:

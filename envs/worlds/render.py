@@ -20,6 +20,7 @@ import io
 import json
 import os
 import random
+import re
 import zipfile
 
 from envs.worlds import spec as spec_lib
@@ -50,6 +51,10 @@ def _normalize_zip(path: str):
   """Rewrites an OOXML zip with fixed timestamps and a stable entry order."""
   with zipfile.ZipFile(path) as z:
     entries = [(i.filename, z.read(i.filename)) for i in z.infolist()]
+  # Writers stamp "modified" with the wall clock on save; pin it.
+  entries = [(n, re.sub(rb"(<dcterms:modified[^>]*>)[^<]*(</dcterms:modified>)",
+                        rb"\g<1>2025-01-01T00:00:00Z\g<2>", d) if n == "docProps/core.xml" else d)
+             for n, d in entries]
   buf = io.BytesIO()
   with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
     for name, data in entries:
