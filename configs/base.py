@@ -126,7 +126,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.envs.train_tasks = 1928          # train split size (spread evenly over domains)
   c.envs.eval_tasks_per_domain = 160  # eval split = 3 x this
   c.envs.level_weights = (0.34, 0.33, 0.33)  # share of levels 1 / 2 / 3 among generated tasks
-  c.envs.answer_rel_tol = 0.005      # relative tolerance of numeric answer criteria
+  c.envs.answer_rel_tol = 0.001      # relative tolerance of numeric answer criteria (on top of rounding)
   c.envs.max_numbers_in_answer = 8   # a final answer quoting more numbers fails numeric criteria
   c.envs.judge_endpoint = ""         # URL of a judge model for judge criteria; "" = none
   c.envs.tool_output_chars = 42_000  # tool results are cut to this many characters (server side)
