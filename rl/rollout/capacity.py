@@ -1,0 +1,142 @@
+"""Capacity planner: how many sequences an engine can decode at once.
+
+    python -m rl.rollout.capacity                      # the report's two layouts
+    plan = capacity.plan(cfg, context_len=160_000, device_memory_gib=80, devices_per_engine=8,
+                         memory_fraction=0.85, num_engines=10, tensor_parallel=8,
+                         weight_bytes=2, cache_bytes=2)
+
+Decode state of one sequence (models/qwen3_5.init_cache), from shapes only:
+  attention layers (1 in 4): K and V, 2 x kv_heads x head_dim x context x cache_bytes each;
+      with tensor parallelism past kv_heads every rank keeps whole heads, so the stored heads
+      are max(kv_heads, tp) (Qwen3.5 has 2 KV heads: TP 8 stores each head 4 times);
+  Gated DeltaNet layers (3 in 4): conv state (kernel-1) x conv_dim x cache_bytes plus the
+      recurrent state v_heads x d_k x d_v in float32, constant in context length.
+Engine memory = devices x device memory x fraction - weights (total params x weight_bytes)
+- reserve; concurrent sequences = floor(that / per-sequence bytes). The engine allocates
+every slot at max_len (no paging), so this is exactly its `max_concurrent_decodes` bound.
+"""
+import dataclasses
+import math
+
+from models.config import FULL
+
+GIB = 1 << 30
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "int8": 1}
+
+
+@dataclasses.dataclass
+class Plan:
+  context_len: int
+  kv_bytes_per_seq: int
+  gdn_bytes_per_seq: int
+  weight_bytes: int
+  engine_memory_bytes: int
+  free_bytes: int
+  per_engine: int
+  num_engines: int
+
+  @property
+  def bytes_per_seq(self) -> int:
+    return self.kv_bytes_per_seq + self.gdn_bytes_per_seq
+
+  @property
+  def total(self) -> int:
+    return self.per_engine * self.num_engines
+
+
+def decode_state_bytes(cfg, context_len: int, cache_bytes: int, tensor_parallel: int = 1) -> tuple[int, int]:
+  """(KV bytes, GDN state bytes) of one sequence of `context_len` tokens."""
+  n_attn = sum(t == FULL for t in cfg.layer_types)
+  n_gdn = cfg.num_hidden_layers - n_attn
+  heads = max(cfg.num_key_value_heads, tensor_parallel)
+  kv = n_attn * 2 * heads * cfg.head_dim * context_len * cache_bytes
+  conv = (cfg.linear_conv_kernel_dim - 1) * cfg.gdn_conv_dim * cache_bytes
+  ssm = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+  return kv, n_gdn * (conv + ssm)
+
+
+def plan(cfg, *, context_len: int, device_memory_gib: float, devices_per_engine: int,
+         memory_fraction: float, num_engines: int = 1, tensor_parallel: int = 1,
+         weight_bytes: int = 0, cache_bytes: int = 0, reserve_gib: float = 0.0,
+         num_params: int = 0) -> Plan:
+  """Per-engine and total concurrent sequences. 0 bytes = the model's dtypes."""
+  from models import qwen3_5  # pylint: disable=g-import-not-at-top
+  weight_bytes = weight_bytes or _DTYPE_BYTES[cfg.param_dtype]
+  cache_bytes = cache_bytes or _DTYPE_BYTES[cfg.dtype]
+  num_params = num_params or qwen3_5.count_params(cfg)["total"]
+  kv, gdn = decode_state_bytes(cfg, context_len, cache_bytes, tensor_parallel)
+  mem = int(devices_per_engine * device_memory_gib * GIB * memory_fraction)
+  weights = num_params * weight_bytes
+  free = mem - weights - int(reserve_gib * GIB)
+  per_engine = max(0, free // (kv + gdn))
+  return Plan(context_len, kv, gdn, weights, mem, free, int(per_engine), num_engines)
+
+
+def plan_from_config(config) -> Plan:
+  """The plan of the `rollout.capacity` section for `config.model`."""
+  from models import qwen3_5  # pylint: disable=g-import-not-at-top
+  c = config.rollout.capacity
+  cfg = qwen3_5.config_from_dict(config.model)
+  cache_dtype = config.rollout.cache_dtype or cfg.dtype
+  return plan(cfg, context_len=c.context_len or config.rollout.max_len,
+              device_memory_gib=c.device_memory_gib, devices_per_engine=c.devices_per_engine,
+              memory_fraction=c.memory_fraction, num_engines=c.num_engines,
+              tensor_parallel=c.tensor_parallel, weight_bytes=c.weight_bytes,
+              cache_bytes=c.cache_bytes or _DTYPE_BYTES[cache_dtype], reserve_gib=c.reserve_gib)
+
+def engine_slots(config) -> int:
+  """The engine's max_concurrent_decodes: rollout.slots, or the planner's count capped at max_slots."""
+  if config.rollout.slots:
+    return int(config.rollout.slots)
+  p = plan_from_config(config)
+  if p.per_engine < 1:
+    raise ValueError(f"no sequence of {p.context_len} tokens fits: {p.free_bytes / GIB:.1f} GiB "
+                     f"free after weights, {p.bytes_per_seq / GIB:.2f} GiB per sequence")
+  return int(min(p.per_engine, config.rollout.max_slots))
+
+
+# The report's rollout layouts (Mercor x SkyRL): bf16 weights and caches, 160k context.
+REPORT_LAYOUTS = (
+    dict(name="35B-A3B", preset="qwen3_5_35b_a3b", device="H100 80GB", device_memory_gib=80 * 1e9 / GIB,
+         devices_per_engine=8, memory_fraction=0.85, num_engines=10, report=550),
+    dict(name="397B-A17B", preset="qwen3_5_397b_a17b", device="H200 141GB",
+         device_memory_gib=141 * 1e9 / GIB, devices_per_engine=8, memory_fraction=0.93,
+         num_engines=12, report=300),
+)
+
+
+def report_table(context_len: int = 160_000, tp_options=(1, 8)) -> str:
+  """The planner's counts for the report's layouts, beside the report's concurrency."""
+  from configs import base  # pylint: disable=g-import-not-at-top
+  from models import qwen3_5  # pylint: disable=g-import-not-at-top
+  lines = [f"context {context_len:,} tokens, bf16 weights and KV/conv, GDN recurrent state f32",
+           f"{'model':10} {'layout':24} {'TP':>3} {'weights':>9} {'KV/seq':>9} {'GDN/seq':>8} "
+           f"{'free/eng':>9} {'per eng':>8} {'total':>6} {'report':>7} {'avg ctx @report':>15}"]
+  for lay in REPORT_LAYOUTS:
+    m = base.get_model_config()
+    m.preset = lay["preset"]
+    cfg = qwen3_5.config_from_dict(m)
+    for tp in tp_options:
+      p = plan(cfg, context_len=context_len, device_memory_gib=lay["device_memory_gib"],
+               devices_per_engine=lay["devices_per_engine"], memory_fraction=lay["memory_fraction"],
+               num_engines=lay["num_engines"], tensor_parallel=tp, weight_bytes=2, cache_bytes=2)
+      # Mean context each of the report's rollouts could hold if the free memory were shared
+      # (paged KV): what the report's concurrency implies.
+      per_engine_report = lay["report"] / lay["num_engines"]
+      kv_per_token = p.kv_bytes_per_seq / context_len
+      avg_ctx = (p.free_bytes / per_engine_report - p.gdn_bytes_per_seq) / kv_per_token
+      layout = f"{lay['num_engines']}x(8x {lay['device']}) f={lay['memory_fraction']}"
+      lines.append(
+          f"{lay['name']:10} {layout:24} {tp:>3} {p.weight_bytes / GIB:>7.0f}Gi "
+          f"{p.kv_bytes_per_seq / GIB:>7.2f}Gi {p.gdn_bytes_per_seq / 2**20:>6.0f}Mi "
+          f"{p.free_bytes / GIB:>7.0f}Gi {p.per_engine:>8d} {p.total:>6d} {lay['report']:>7d} "
+          f"{avg_ctx:>15,.0f}")
+  return "\n".join(lines)
+
+
+def main():
+  print(report_table())
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,418 @@
+"""The Qwen3.5 engine for JetStream 0.2.2: prefill, insert, generate over fixed decode slots.
+
+    engine = QwenEngine.from_config(config)           # random init, or params=...
+    handle = engine.load_params()                      # what the Driver holds
+    prefix = engine.prefill(params=handle, padded_tokens=PrefillInput(...), true_length=n)
+    state = engine.insert(prefix, engine.init_decode_state(), slot=0)
+    state, result = engine.generate(handle, state)     # one token for every slot
+    engine.update_params(new_params)                   # weight sync; no restart, no recompile
+
+Decode state (one row per slot):
+  cache        the model's decode cache (qwen3_5.init_cache): KV [cycles, slots, max_len, kv, hd]
+               for the attention layers, conv [cycles, slots, k-1, conv] + ssm [cycles, slots,
+               v_heads, dk, dv] f32 for the Gated DeltaNet layers; "pos" [slots] int32.
+  logits       [slots, vocab] f32, the next-token logits of each slot.
+  key          [slots, 2] uint32 raw PRNG key of the request; the draw at step s uses
+               fold_in(key, s), so a request samples the same ids in any slot or batch.
+  step         [slots] int32, tokens sampled so far.
+  temperature, top_p [slots] f32; top_k [slots] int32: the request's sampling settings.
+
+JetStream 0.2.2's prefill returns only the prefix (no first token), so the prefix carries the
+last prompt position's logits and `generate` samples first, then feeds the sampled token
+through the model: every step emits exactly one token per slot, the first included, and the
+sampling code lives in one place.
+
+Results are `SampledTokens`: JetStream's `ResultTokens` (token, valid, length columns)
+extended with the logprob of each token; stop ids and max_tokens are applied per request by
+the orchestrator (rl/rollout/orchestrator.py), which also returns the stop id itself.
+"""
+import dataclasses
+import functools
+import threading
+from typing import Any, Optional, Sequence
+
+from rl.rollout import compat  # noqa: F401  (must run before JetStream's orchestrator is used)
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jetstream.engine import engine_api
+from jetstream.engine import tokenizer_api
+from jetstream.engine import tokenizer_pb2
+
+from models import qwen3_5
+from rl.rollout import sampling
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings:
+  """Per-request sampler settings (temperature 0 = greedy; seed None = engine's own)."""
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  seed: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillInput:
+  """What the orchestrator hands `prefill` as `padded_tokens`: ids padded to a bucket + sampling.
+
+  JetStream's prefill signature has no room for request settings, so they travel with the
+  tokens. A bare array is accepted too (engine default sampling).
+  """
+  tokens: np.ndarray           # [bucket] int32, valid on [0, true_length)
+  sampling: SamplingSettings
+
+
+@struct.dataclass
+class SampledTokens(engine_api.ResultTokens):
+  """JetStream's ResultTokens plus the logprob of each sampled token.
+
+  data [slots, 3] int32 = (token, valid, length); logprobs [slots, 1] float32.
+  """
+  logprobs: Any = None
+
+  def copy_to_host_async(self) -> None:
+    for x in (self.data, self.logprobs):
+      if isinstance(x, jax.Array):
+        x.copy_to_host_async()
+
+  def convert_to_numpy(self) -> "SampledTokens":
+    return SampledTokens(np.asarray(self.data), self.tokens_idx, self.valid_idx,
+                         self.length_idx, self.samples_per_slot, np.asarray(self.logprobs))
+
+
+class ParamsHandle:
+  """The engine's parameters behind a lock: the object JetStream's Driver holds as `params`.
+
+  The Driver captures its params once per thread, so new weights cannot be handed to it; it
+  holds this handle instead and every prefill / generate call reads the current tree. A swap
+  takes effect at the next call: a step never mixes two versions.
+  """
+
+  def __init__(self, params, version: int = 0):
+    self._lock = threading.Lock()
+    self._params = params
+    self.version = version
+
+  def get(self):
+    with self._lock:
+      return self._params, self.version
+
+  def swap(self, params, version: Optional[int] = None) -> int:
+    with self._lock:
+      self._params = params
+      self.version = self.version + 1 if version is None else int(version)
+      return self.version
+
+
+def _unwrap(params):
+  return params.get()[0] if isinstance(params, ParamsHandle) else params
+
+
+def _split_seed(seed: int) -> tuple[np.uint32, np.uint32]:
+  seed = int(seed) & 0xFFFF_FFFF_FFFF_FFFF
+  return np.uint32(seed & 0xFFFF_FFFF), np.uint32(seed >> 32)
+
+
+class TokenTokenizer(tokenizer_api.Tokenizer):
+  """JetStream's tokenizer interface over the chat tokenizer (envs/chat).
+
+  Only text requests (JetStream's own client, benchmark_serving) use it; the token path never
+  encodes or decodes.
+  """
+
+  def __init__(self, tok, stop_ids: Sequence[int]):
+    self._tok = tok
+    self._stop = set(int(i) for i in stop_ids)
+
+  def encode(self, s: str, **kwargs):
+    ids = np.asarray(self._tok.encode(s), np.int32)
+    return ids, len(ids)
+
+  def decode(self, token_ids, **kwargs) -> str:
+    return self._tok.decode(list(token_ids))
+
+  @property
+  def pad_id(self) -> int:
+    return 0
+
+  @property
+  def eos_id(self) -> int:
+    return min(self._stop) if self._stop else 0
+
+  @property
+  def bos_id(self) -> int:
+    return -1  # Qwen3.5 has no BOS
+
+  @property
+  def stop_tokens(self) -> set[int]:
+    return set(self._stop)
+
+
+class QwenEngine(engine_api.Engine):
+  """JetStream engine for the Qwen3.5 model (models/qwen3_5.py).
+
+  Args:
+    cfg: the model config (qwen3_5.config_from_dict).
+    slots: decode slots = max_concurrent_decodes.
+    max_len: tokens per slot (prompt + sampled).
+    prefill_buckets: prompt pad lengths, ascending; those above max_len are dropped.
+    params: parameter tree; None = random init from `init_seed`.
+    default_sampling: settings of requests that bring none.
+    stop_ids: default stop ids (reported to JetStream's tokenizer; per-request ones win).
+    cache_dtype: KV / conv dtype; None = the model's activation dtype.
+    tokenizer_cfg: the `tokenizer` config section (for text requests); None = none.
+    mesh, rules: optional device mesh and logical-axis rules (models/sharding.py); None = one
+      device.
+  """
+
+  def __init__(self, cfg, *, slots: int, max_len: int, prefill_buckets: Sequence[int],
+               params=None, init_seed: int = 0, default_sampling: SamplingSettings = SamplingSettings(),
+               stop_ids: Sequence[int] = (), cache_dtype: Optional[str] = None, tokenizer_cfg=None,
+               mesh=None, rules=None):
+    if max_len > cfg.max_position_embeddings:
+      raise ValueError(f"max_len {max_len} > model max_position_embeddings "
+                       f"{cfg.max_position_embeddings}")
+    self.cfg = cfg
+    self.slots = int(slots)
+    self.max_len = int(max_len)
+    buckets = sorted({int(b) for b in prefill_buckets if 0 < int(b) < self.max_len})
+    # The largest prompt leaves room for one sampled token.
+    if not buckets or buckets[-1] < self.max_len - 1:
+      buckets.append(self.max_len - 1)
+    self.buckets = tuple(buckets)
+    self.default_sampling = default_sampling
+    self.stop_ids = tuple(int(i) for i in stop_ids)
+    self.cache_dtype = jnp.dtype(cache_dtype or cfg.dtype)
+    self._tokenizer_cfg = tokenizer_cfg
+    self._mesh = mesh
+    self._rules = rules
+    self._seed_lock = threading.Lock()
+    self._seed_counter = np.random.default_rng(init_seed).integers(1 << 62)
+    if params is None:
+      params = qwen3_5.init_params(cfg, jax.random.key(init_seed))
+    self._param_shardings = None
+    if mesh is not None:
+      from models import sharding  # pylint: disable=g-import-not-at-top
+      shapes = jax.eval_shape(lambda: params)
+      self._param_shardings = sharding.tree_shardings(qwen3_5.param_axes(cfg), shapes, mesh, rules)
+      params = jax.device_put(params, self._param_shardings)
+    else:
+      # Placed exactly as `update_params` will place new weights, so a swap never recompiles.
+      params = jax.device_put(params, jax.devices()[0])
+    self._handle = ParamsHandle(params)
+    self._abstract_params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+    self._prefill_jit = jax.jit(self._prefill_impl)
+    self._insert_jit = jax.jit(self._insert_impl, donate_argnums=(1,))
+    self._generate_jit = jax.jit(self._generate_impl, donate_argnums=(1,))
+
+  @classmethod
+  def from_config(cls, config, params=None, **overrides) -> "QwenEngine":
+    """Builds the engine from the `model`, `rollout`, `tokenizer` and `seed` config sections."""
+    from rl.rollout import capacity  # pylint: disable=g-import-not-at-top
+    r = config.rollout
+    cfg = qwen3_5.config_from_dict(config.model)
+    kw = dict(
+        slots=capacity.engine_slots(config), max_len=r.max_len, prefill_buckets=r.prefill_buckets,
+        params=params, init_seed=config.seed,
+        default_sampling=SamplingSettings(r.temperature, r.top_p, r.top_k, None),
+        stop_ids=r.stop_ids, cache_dtype=r.cache_dtype or None, tokenizer_cfg=config.tokenizer)
+    kw.update(overrides)
+    return cls(cfg, **kw)
+
+  # -- the jitted computations --------------------------------------------------------------
+
+  def _ctx(self):
+    if self._mesh is None:
+      import contextlib  # pylint: disable=g-import-not-at-top
+      return contextlib.nullcontext()
+    from models import sharding  # pylint: disable=g-import-not-at-top
+    return sharding.use_mesh(self._mesh, self._rules)
+
+  def _prefill_impl(self, params, tokens, length, seed_lo, seed_hi, temperature, top_k, top_p):
+    """tokens [1, bucket] int32, length [1] int32 -> prefix (KV length = bucket)."""
+    # KV length = bucket: a short prompt's prefix stays small; insert pads it to max_len.
+    logits, cache = qwen3_5.prefill(self.cfg, params, tokens, length, tokens.shape[1])
+    key = jax.random.fold_in(jax.random.key(seed_lo), seed_hi)
+    return {"cache": cache, "logits": logits,
+            "key": jax.random.key_data(key)[None].astype(jnp.uint32),
+            "temperature": jnp.reshape(temperature, (1,)).astype(jnp.float32),
+            "top_k": jnp.reshape(top_k, (1,)).astype(jnp.int32),
+            "top_p": jnp.reshape(top_p, (1,)).astype(jnp.float32)}
+
+  def _insert_impl(self, prefix, state, slot):
+    cache = qwen3_5.cache_insert(state["cache"], prefix["cache"], slot)
+    put = lambda dst, src: jax.lax.dynamic_update_index_in_dim(dst, src.astype(dst.dtype), slot, 0)
+    out = {"cache": cache, "step": put(state["step"], jnp.zeros((1,), jnp.int32))}
+    for name in ("logits", "key", "temperature", "top_k", "top_p"):
+      out[name] = put(state[name], prefix[name])
+    return out
+
+  def _generate_impl(self, params, state):
+    keys = jax.vmap(lambda k, s: jax.random.fold_in(jax.random.wrap_key_data(k), s))(
+        state["key"], state["step"])
+    tokens, logprobs = sampling.sample(state["logits"], state["temperature"], state["top_k"],
+                                       state["top_p"], keys)
+    logits, cache = qwen3_5.decode_step(self.cfg, params, state["cache"], tokens)
+    step = state["step"] + 1
+    new_state = dict(state, cache=cache, logits=logits, step=step)
+    data = jnp.stack([tokens, jnp.ones_like(tokens), step], axis=1)  # token, valid, length
+    return new_state, data, logprobs[:, None]
+
+  # -- JetStream's Engine API ---------------------------------------------------------------
+
+  def load_params(self, *args, **kwargs) -> ParamsHandle:
+    """The handle JetStream's Driver holds; `update_params` swaps what it points to."""
+    del args, kwargs
+    return self._handle
+
+  def update_params(self, params, version: Optional[int] = None) -> int:
+    """Weight sync: the next prefill / generate step uses `params`. Returns the new version.
+
+    The tree must match the engine's (structure, shapes, dtypes) so that nothing recompiles;
+    the arrays are placed on the engine's devices (a reshard when they come from a
+    training mesh).
+    """
+    want = self._abstract_params
+    got = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+    if jax.tree.structure(got) != jax.tree.structure(want):
+      raise ValueError("new params have a different tree structure than the engine's")
+    bad = [f"{jax.tree_util.keystr(p)}: {g.shape}/{g.dtype} != {w.shape}/{w.dtype}"
+           for (p, g), w in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want))
+           if (g.shape, g.dtype) != (w.shape, w.dtype)]
+    if bad:
+      raise ValueError("new params differ in shape/dtype (this would recompile): " + "; ".join(bad[:5]))
+    if self._param_shardings is not None:
+      params = jax.device_put(params, self._param_shardings)
+    else:
+      params = jax.device_put(params, jax.devices()[0])
+    params = jax.block_until_ready(params)
+    return self._handle.swap(params, version)
+
+  @property
+  def params_version(self) -> int:
+    return self._handle.version
+
+  def next_seed(self) -> int:
+    """A fresh sampler seed for requests that bring none."""
+    with self._seed_lock:
+      self._seed_counter += 1
+      return int(self._seed_counter)
+
+  def bucket_for(self, n: int) -> int:
+    for b in self.buckets:
+      if n <= b:
+        return b
+    raise ValueError(f"prompt of {n} tokens exceeds the largest prefill bucket {self.buckets[-1]}")
+
+  def pad_prompt(self, ids: Sequence[int]) -> np.ndarray:
+    tokens = np.zeros((self.bucket_for(len(ids)),), np.int32)
+    tokens[:len(ids)] = ids
+    return tokens
+
+  def prefill(self, *, params, existing_prefix=None, padded_tokens, true_length: int):
+    """Runs the prompt; returns the prefix (cache, last logits, sampling settings)."""
+    if existing_prefix is not None:
+      raise NotImplementedError("prefix caching across requests is not supported")
+    if isinstance(padded_tokens, PrefillInput):
+      tokens, s = padded_tokens.tokens, padded_tokens.sampling
+    else:
+      tokens, s = np.asarray(padded_tokens), self.default_sampling
+    tokens = np.asarray(tokens, np.int32).reshape(1, -1)
+    seed = self.next_seed() if s.seed is None else s.seed
+    lo, hi = _split_seed(seed)
+    with self._ctx():
+      return self._prefill_jit(_unwrap(params), tokens, np.asarray([true_length], np.int32), lo, hi,
+                               np.float32(s.temperature), np.int32(s.top_k), np.float32(s.top_p))
+
+  def insert(self, prefix, decode_state, slot: int):
+    with self._ctx():
+      return self._insert_jit(prefix, decode_state, np.int32(slot))
+
+  def generate(self, params, decode_state):
+    with self._ctx():
+      state, data, logprobs = self._generate_jit(_unwrap(params), decode_state)
+    return state, SampledTokens(data=data, tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3),
+                                samples_per_slot=1, logprobs=logprobs)
+
+  def init_decode_state(self, *args, **kwargs):
+    del args, kwargs
+    b, v = self.slots, self.cfg.vocab_size
+    state = {
+        "cache": qwen3_5.init_cache(self.cfg, b, self.max_len, self.cache_dtype),
+        "logits": jnp.zeros((b, v), jnp.float32),
+        "key": jnp.zeros((b, 2), jnp.uint32),
+        "step": jnp.zeros((b,), jnp.int32),
+        "temperature": jnp.ones((b,), jnp.float32),
+        "top_k": jnp.zeros((b,), jnp.int32),
+        "top_p": jnp.ones((b,), jnp.float32),
+    }
+    if self._mesh is not None:
+      from models import sharding  # pylint: disable=g-import-not-at-top
+      shapes = jax.eval_shape(lambda: state["cache"])
+      cache_sh = sharding.tree_shardings(qwen3_5.cache_axes(self.cfg), shapes, self._mesh, self._rules)
+      rest = {k: sharding.batch_sharding(self._mesh, self._rules, x.ndim, b)
+              for k, x in state.items() if k != "cache"}
+      state = jax.device_put(state, dict(rest, cache=cache_sh))
+    return state
+
+  def warmup(self, buckets: Optional[Sequence[int]] = None) -> None:
+    """Compiles prefill + insert for each bucket and one generate step."""
+    state = self.init_decode_state()
+    for b in buckets or self.buckets:
+      prefix = self.prefill(params=self._handle, padded_tokens=PrefillInput(
+          np.zeros((b,), np.int32), SamplingSettings(seed=0)), true_length=1)
+      state = self.insert(prefix, state, 0)
+    state, result = self.generate(self._handle, state)
+    jax.block_until_ready(result.data)
+
+  def get_prefix_destination_sharding(self) -> Any:
+    return None  # one engine does both prefill and generate (interleaved mode)
+
+  def get_tokenizer(self) -> tokenizer_pb2.TokenizerParameters:
+    path = "" if self._tokenizer_cfg is None else self._tokenizer_cfg.path
+    return tokenizer_pb2.TokenizerParameters(path=path)
+
+  def build_tokenizer(self, metadata: tokenizer_pb2.TokenizerParameters) -> tokenizer_api.Tokenizer:
+    del metadata
+    if self._tokenizer_cfg is None:
+      return _NullTokenizer(self.stop_ids)
+    from envs.chat import tokenizer as chat_tokenizer  # pylint: disable=g-import-not-at-top
+    return TokenTokenizer(chat_tokenizer.from_config(self._tokenizer_cfg), self.stop_ids)
+
+  @property
+  def max_concurrent_decodes(self) -> int:
+    return self.slots
+
+  @property
+  def samples_per_slot(self) -> int:
+    return 1
+
+  @property
+  def max_prefill_length(self) -> int:
+    return self.buckets[-1]
+
+  @property
+  def mesh(self) -> jax.sharding.Mesh:
+    if self._mesh is None:
+      return jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
+    return self._mesh
+
+  @property
+  def colocated_cpus(self):
+    return None
+
+
+class _NullTokenizer(TokenTokenizer):
+  """For engines built without a tokenizer: token requests only."""
+
+  def __init__(self, stop_ids):
+    super().__init__(None, stop_ids)
+
+  def encode(self, s, **kwargs):
+    raise ValueError("this engine serves token requests only (no tokenizer configured)")
+
+  def decode(self, token_ids, **kwargs) -> str:
+    return ""

@@ -1,0 +1,293 @@
+"""JetStream's Driver and gRPC orchestrator, extended for token-in/token-out with logprobs.
+
+    server = RolloutServer(engine, port=9000).start()
+    ...                                     # clients call JetStream's Decode RPC
+    server.update_weights(new_params)       # weight sync between rollout phases
+    server.stop()
+
+What is extended, and why (JetStream 0.2.2 itself is used unchanged):
+- `TitoDriver(Driver)`:
+  * `_process_prefill_content` pads the prompt ids to the engine's bucket and attaches the
+    request's sampling settings (JetStream's version would prepend a BOS id and knows no
+    sampling settings);
+  * `_detokenize_thread` is replaced: it hands each slot's token *and logprob* to its
+    request, applies the request's own stop ids (returning the stop id itself, as the chat
+    harness expects) and max_tokens, names the finish reason, and frees the slot of a
+    request whose client went away at the next step (JetStream's thread keeps decoding a
+    cancelled request until max_tokens).
+- `TitoOrchestrator(LLMOrchestrator)`: `Decode` validates the request before it reaches the
+  driver (a bad prompt in JetStream's prefill thread kills the process), reads the extended
+  fields (rl/rollout/protocol.py) and streams extended responses.
+- `RolloutServer`: JetStream's `JetStreamServer` hard-wires the plain orchestrator, so the
+  gRPC server (asyncio loop thread + grpc.aio) is assembled here around `TitoOrchestrator`.
+"""
+import asyncio
+import dataclasses
+import logging
+import queue
+import threading
+from concurrent import futures
+from typing import Any, Optional, Sequence
+
+from rl.rollout import compat
+
+import grpc
+import numpy as np
+from jetstream.core import orchestrator
+from jetstream.core.proto import jetstream_pb2
+from jetstream.core.proto import jetstream_pb2_grpc
+from jetstream.core.utils import async_multifuture
+from jetstream.engine import engine_api
+
+from rl.rollout import protocol
+from rl.rollout.engine import PrefillInput
+from rl.rollout.engine import QwenEngine
+from rl.rollout.engine import SamplingSettings
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+
+
+@dataclasses.dataclass
+class TitoRequest(orchestrator.ActiveRequest):
+  """JetStream's ActiveRequest plus what token-in/token-out needs."""
+  sampling: SamplingSettings = SamplingSettings()
+  stop_ids: frozenset = frozenset()
+  prompt_len: int = 0
+  emitted: int = 0
+
+
+@dataclasses.dataclass
+class Chunk:
+  """One step's output for one request (what the detokenize thread sends to Decode)."""
+  token: int
+  logprob: float
+  finish: str = ""
+  version: int = 0
+
+
+class TitoDriver(orchestrator.Driver):
+  """JetStream's Driver with per-request stop ids, logprobs, and slot release on disconnect."""
+
+  def __init__(self, *args, **kwargs):
+    self.cancelled_requests = 0  # requests whose client went away before they finished
+    self._busy: dict[int, int] = {}  # generate engine -> slots holding a live request
+    super().__init__(*args, **kwargs)
+
+  def _process_prefill_content(self, request, tokenizer, is_bos, max_prefill_length):
+    del tokenizer, is_bos, max_prefill_length
+    engine = self._prefill_engines[0]
+    ids = request.prefill_content
+    return PrefillInput(engine.pad_prompt(ids), request.sampling), len(ids)
+
+  def busy_slots(self, idx: int = 0) -> int:
+    """Slots of generate engine `idx` that hold a live request.
+
+    (The free-slot queue's size is no measure: JetStream's idle generate thread holds one
+    free slot while it waits for work.)
+    """
+    return self._busy.get(idx, 0)
+
+  def _detokenize_thread(self, idx: int):
+    backlog = self._detokenize_backlogs[idx]
+    engine = self._generate_engines[idx]
+    slots = self._generate_slots[idx]
+    live: dict[int, Optional[TitoRequest]] = {}
+
+    def release(slot):
+      live[slot] = None
+      self._busy[idx] = sum(r is not None for r in live.values())
+      slots.put(slot, block=False)
+
+    while self.live:
+      data = backlog.get(block=True)
+      if data is None:
+        break
+      if not isinstance(data[1], engine_api.ResultTokens):
+        slot, request = data  # from now on, `slot`'s tokens belong to `request`
+        live[slot] = request
+        self._busy[idx] = sum(r is not None for r in live.values())
+        continue
+      result = data[1].convert_to_numpy()
+      version = engine.params_version
+      for slot, request in list(live.items()):
+        if request is None:
+          continue
+        channel = request.return_channel
+        if channel is None or channel.cancelled():
+          self.cancelled_requests += 1
+          release(slot)
+          continue
+        token = int(result.data[slot, result.tokens_idx[0]])
+        logprob = float(result.logprobs[slot, 0])
+        request.emitted += 1
+        finish = ""
+        if token in request.stop_ids:
+          finish = FINISH_STOP
+        elif request.emitted >= request.max_tokens:
+          finish = FINISH_LENGTH
+        channel.add_result(Chunk(token, logprob, finish, version))
+        if finish:
+          channel.close()
+          release(slot)
+
+
+class RequestError(ValueError):
+  """A request the server refuses (answered with INVALID_ARGUMENT)."""
+
+
+class TitoOrchestrator(orchestrator.LLMOrchestrator):
+  """JetStream's gRPC servicer, reading and writing the extended messages."""
+
+  def __init__(self, driver: TitoDriver, engine: QwenEngine):
+    super().__init__(driver=driver)
+    self._engine = engine
+    self._tokenizer = None
+    self._tokenizer_lock = threading.Lock()
+
+  def _text_tokenizer(self):
+    with self._tokenizer_lock:
+      if self._tokenizer is None:
+        self._tokenizer = self._engine.build_tokenizer(self._engine.get_tokenizer())
+      return self._tokenizer
+
+  def parse(self, request) -> TitoRequest:
+    """Validates a DecodeRequest (JetStream's or the extended one) -> a TitoRequest sans channel."""
+    engine = self._engine
+    ext = protocol.DecodeRequest.FromString(request.SerializeToString())
+    which = request.WhichOneof("content")
+    if which == "token_content":
+      ids = [int(i) for i in request.token_content.token_ids]
+    elif which == "text_content":
+      ids = [int(i) for i in self._text_tokenizer().encode(request.text_content.text)[0]]
+    else:
+      raise RequestError("request has no content (token_content or text_content)")
+    if not ids:
+      raise RequestError("empty prompt: at least one token id is required")
+    vocab = engine.cfg.vocab_size
+    bad = [(i, t) for i, t in enumerate(ids) if not 0 <= t < vocab]
+    if bad:
+      raise RequestError(f"token id {bad[0][1]} at position {bad[0][0]} is outside the vocabulary "
+                         f"[0, {vocab}) ({len(bad)} such ids)")
+    longest = min(engine.max_prefill_length, engine.max_len - 1)
+    if len(ids) > longest:
+      raise RequestError(f"prompt of {len(ids)} tokens is longer than the context allows: at most "
+                         f"{longest} prompt tokens (max_len {engine.max_len})")
+    if request.max_tokens < 1:
+      raise RequestError(f"max_tokens must be >= 1, got {request.max_tokens}")
+    s = engine.default_sampling
+    if ext.HasField("sampling"):
+      sp = ext.sampling
+      s = SamplingSettings(sp.temperature, sp.top_p, sp.top_k, sp.seed if sp.has_seed else None)
+    if s.temperature < 0 or not 0 < s.top_p <= 1 or s.top_k < 0:
+      raise RequestError(f"bad sampling settings: temperature {s.temperature} (>= 0), top_p "
+                         f"{s.top_p} (in (0, 1]), top_k {s.top_k} (>= 0)")
+    stop_ids = ext.stop_ids if ext.has_stop_ids else engine.stop_ids
+    return TitoRequest(
+        # The cache holds max_len tokens: a request that would overrun it ends with "length".
+        max_tokens=min(int(request.max_tokens), engine.max_len - len(ids)),
+        return_channel=None, prefill_content=ids,
+        is_client_side_tokenization=(which == "token_content"),
+        sampling=s, stop_ids=frozenset(int(i) for i in stop_ids), prompt_len=len(ids))
+
+  def _response(self, chunks: Sequence[Chunk], text: bool):
+    resp = protocol.DecodeResponse()
+    sample = resp.stream_content.samples.add(
+        token_ids=[c.token for c in chunks], logprobs=[c.logprob for c in chunks],
+        finish_reason=chunks[-1].finish, weights_version=chunks[-1].version)
+    if text:
+      sample.text = self._text_tokenizer().decode([c.token for c in chunks])
+    # Re-read as JetStream's message so its generated serializer sends it; the extended
+    # fields travel as unknown fields.
+    return jetstream_pb2.DecodeResponse.FromString(resp.SerializeToString())
+
+  async def Decode(self, request, context=None):  # pylint: disable=invalid-overridden-method
+    try:
+      active = self.parse(request)
+    except RequestError as e:
+      if context is None:
+        raise
+      await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+      return
+    active.return_channel = async_multifuture.AsyncMultifuture()
+    if context is not None:
+      # Fires when the RPC ends for any reason, a client going away included.
+      context.add_done_callback(active.return_channel.cancel)
+    try:
+      self._driver.place_request_on_prefill_queue(active)
+    except queue.Full:
+      if context is None:
+        raise
+      await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "prefill queue full; retry")
+      return
+    async for chunk in active.return_channel:
+      yield self._response([chunk], text=not active.is_client_side_tokenization)
+
+
+class RolloutServer:
+  """The engine behind JetStream's Driver and gRPC service, on `port` (0 = any free port).
+
+  Args:
+    engine: a QwenEngine.
+    port: TCP port; the bound one is `self.port`.
+    threads: gRPC handler threads; None = max(slots, 64).
+  """
+
+  def __init__(self, engine: QwenEngine, port: int = 0, threads: Optional[int] = None):
+    self.engine = engine
+    handle = engine.load_params()
+    self.driver = TitoDriver(prefill_engines=[engine], generate_engines=[engine],
+                             prefill_params=[handle], generate_params=[handle],
+                             interleaved_mode=True)
+    threads = threads or max(engine.max_concurrent_decodes, 64)
+    self._executor = futures.ThreadPoolExecutor(max_workers=threads)
+    self._loop = asyncio.new_event_loop()
+    self._loop.set_default_executor(self._executor)
+    self._loop_thread = threading.Thread(target=self._loop.run_forever, name="grpc-loop",
+                                         daemon=True)
+    self._loop_thread.start()
+
+    async def build():
+      server = grpc.aio.server(self._executor)
+      jetstream_pb2_grpc.add_OrchestratorServicer_to_server(TitoOrchestrator(self.driver, engine),
+                                                            server)
+      return server, server.add_insecure_port(f"[::]:{port}")
+
+    self._server, self.port = self._run(build())
+    self._stopped = False
+
+  def _run(self, coro):
+    return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+  @property
+  def address(self) -> str:
+    return f"localhost:{self.port}"
+
+  def start(self) -> "RolloutServer":
+    self._run(self._server.start())
+    logging.warning("JetStream rollout server on port %d: %d slots, max_len %d, buckets %s",
+                    self.port, self.engine.slots, self.engine.max_len, self.engine.buckets)
+    return self
+
+  def update_weights(self, params, version: Optional[int] = None) -> int:
+    """Weight sync: generations started after this call use `params` (see README)."""
+    return self.engine.update_params(params, version)
+
+  def busy_slots(self) -> int:
+    return self.driver.busy_slots(0)
+
+  def wait_for_termination(self) -> None:
+    try:
+      self._run(self._server.wait_for_termination())
+    finally:
+      self.stop()
+
+  def stop(self) -> None:
+    if self._stopped:
+      return
+    self._stopped = True
+    self.driver.stop()
+    self._run(self._server.stop(grace=1))
+    self._loop.call_soon_threadsafe(self._loop.stop)
+    self._loop_thread.join()
+    self._executor.shutdown(wait=False)

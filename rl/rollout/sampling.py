@@ -1,0 +1,57 @@
+"""Per-row sampling with the logprob of the sampled token under the sampling distribution.
+
+Each row carries its own temperature, top-k, top-p and PRNG key, so requests with different
+settings share one decode batch. A row's draws depend only on its key and its step count,
+never on which slot it sits in or what its neighbours do: a request samples the same ids
+alone or in a full batch.
+"""
+import jax
+import jax.numpy as jnp
+
+
+def _filter_logits(z, top_k, top_p):
+  """Masks z [B, V] to the top-k then top-p (nucleus) set of each row.
+
+  top_k [B] int32 (0 = off); top_p [B] f32 (1.0 = off). Ties at a threshold are all kept.
+  """
+  vocab = z.shape[-1]
+  sorted_z = -jnp.sort(-z, axis=-1)  # descending
+  k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
+  kth = jnp.take_along_axis(sorted_z, (k - 1)[:, None], axis=-1)  # [B, 1]
+  ranks = jnp.arange(vocab)[None, :]
+  sorted_z = jnp.where(ranks < k[:, None], sorted_z, -jnp.inf)
+  probs = jax.nn.softmax(sorted_z, axis=-1)
+  # Keep the smallest prefix whose mass reaches top_p: token i stays if the mass before it < p.
+  before = jnp.cumsum(probs, axis=-1) - probs
+  keep = jnp.maximum(jnp.sum(before < top_p[:, None], axis=-1), 1)
+  pth = jnp.take_along_axis(sorted_z, (keep - 1)[:, None], axis=-1)
+  threshold = jnp.maximum(kth, pth)
+  return jnp.where(z >= threshold, z, -jnp.inf)
+
+
+def sample(logits, temperature, top_k, top_p, keys):
+  """Draws one token per row.
+
+  Args:
+    logits: [B, V] float32 model logits.
+    temperature: [B] float32; 0 = greedy.
+    top_k: [B] int32; 0 = off.
+    top_p: [B] float32; 1.0 = off.
+    keys: [B] typed PRNG keys.
+  Returns:
+    (tokens [B] int32, logprobs [B] float32). The logprob is that of the token under the
+    distribution it was drawn from: log_softmax(filtered logits / T); 0 for greedy rows
+    (a point mass). With T = 1, top_k = 0, top_p = 1 it equals the model's log_softmax, the
+    quantity the train step recomputes.
+  """
+  logits = logits.astype(jnp.float32)
+  greedy = temperature <= 0
+  z = logits / jnp.where(greedy, 1.0, temperature)[:, None]
+  # Sorting the vocabulary is the costly part; skip it when no row filters.
+  needs_filter = jnp.any(((top_k > 0) | (top_p < 1.0)) & ~greedy)
+  z = jax.lax.cond(needs_filter, lambda z: _filter_logits(z, top_k, top_p), lambda z: z, z)
+  logp = jax.nn.log_softmax(z, axis=-1)
+  drawn = jax.vmap(lambda k, l: jax.random.categorical(k, l))(keys, z)
+  tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
+  lp = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+  return tokens, jnp.where(greedy, 0.0, lp)

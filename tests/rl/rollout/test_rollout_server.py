@@ -1,0 +1,204 @@
+"""The JetStream rollout server on localhost, through gRPC, against the model's own maths.
+
+One server for the module (tiny model, 2 slots, 64-token context, prompts in the 16 bucket),
+so everything compiles once.
+"""
+import concurrent.futures
+import functools
+import time
+
+import grpc
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import tiny_cpu
+from envs.harness.policy import SamplingParams
+from models import qwen3_5
+from rl.rollout.client import EngineError
+from rl.rollout.client import JetStreamPolicy
+from rl.rollout.client import TokenClient
+
+SLOTS = 2
+MAX_LEN = 64
+GREEDY = SamplingParams(temperature=0.0)
+PROMPTS = [[5, 17, 300, 41], [900, 3, 3, 77, 12, 640, 8], [11], [400, 401, 402, 403, 404, 405,
+                                                               406, 407, 408, 409, 410, 411]]
+
+
+@pytest.fixture(scope="module")
+def config():
+  c = tiny_cpu.get_config()
+  c.unlock()
+  c.rollout.slots = SLOTS
+  c.rollout.max_len = MAX_LEN
+  c.rollout.prefill_buckets = (16, 32)
+  # A wider init than the default makes the tiny model's logits far from ties, so greedy
+  # comparisons across two numerical paths are meaningful.
+  c.model.initializer_range = 0.2
+  return c
+
+
+@pytest.fixture(scope="module")
+def model(config):
+  cfg = qwen3_5.config_from_dict(config.model)
+  return cfg, qwen3_5.init_params(cfg, jax.random.key(config.seed))
+
+
+@pytest.fixture(scope="module")
+def server(config, model):
+  from rl.rollout import serve
+  s = serve.build_server(config, params=model[1], port=0, warmup=False)
+  s.engine.warmup(buckets=(16,))
+  yield s
+  s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+  c = TokenClient(server.address, timeout_s=120)
+  yield c
+  c.close()
+
+
+@pytest.fixture(scope="module")
+def full_forward(model):
+  cfg = model[0]
+  return jax.jit(functools.partial(qwen3_5.forward, cfg))
+
+
+def greedy_by_recompute(full_forward, params, prompt, n):
+  """The model's own greedy continuation, each token from a full forward over the prefix."""
+  ids = list(prompt)
+  for _ in range(n):
+    tokens = np.zeros((1, MAX_LEN), np.int32)  # right padding: causal, so it changes nothing
+    tokens[0, :len(ids)] = ids
+    logits = full_forward(params, jnp.asarray(tokens))
+    ids.append(int(jnp.argmax(logits[0, len(ids) - 1])))
+  return ids[len(prompt):]
+
+
+def test_greedy_equals_full_recompute(client, model, full_forward):
+  for prompt in PROMPTS:
+    out = client.generate(prompt, GREEDY, max_tokens=8, stop_ids=[])
+    assert out.finish_reason == "length"
+    assert out.ids == greedy_by_recompute(full_forward, model[1], prompt, 8), prompt
+    assert out.logprobs == [0.0] * 8
+
+
+def test_logprobs_equal_train_step_recompute(client, model):
+  from rl import train_step
+  cfg, params = model
+  prompt = PROMPTS[1]
+  out = client.generate(prompt, SamplingParams(temperature=1.0, seed=123), max_tokens=10,
+                        stop_ids=[])
+  seq = prompt + out.ids
+  tokens = np.zeros((1, MAX_LEN), np.int32)
+  tokens[0, :len(seq)] = seq
+  lp, _ = jax.jit(lambda p, t: train_step.token_logprobs(cfg, p, t, 1.0))(params, tokens)
+  ref = np.asarray(lp[0, len(prompt):len(seq)])
+  np.testing.assert_allclose(np.asarray(out.logprobs, np.float32), ref, atol=1e-4, rtol=0)
+  # Seeded: the same request samples the same ids.
+  again = client.generate(prompt, SamplingParams(temperature=1.0, seed=123), max_tokens=10,
+                          stop_ids=[])
+  assert again.ids == out.ids
+
+
+def test_continuous_batching_three_times_the_slots(client):
+  reqs = [(p, GREEDY) for p in PROMPTS] + [
+      (PROMPTS[0], SamplingParams(temperature=1.0, seed=5)),
+      (PROMPTS[2], SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=9))]
+  assert len(reqs) == 3 * SLOTS
+  alone = [client.generate(p, s, max_tokens=6, stop_ids=[]) for p, s in reqs]
+  with concurrent.futures.ThreadPoolExecutor(len(reqs)) as pool:
+    together = list(pool.map(lambda r: client.generate(r[0], r[1], max_tokens=6, stop_ids=[]),
+                             reqs))
+  for a, b in zip(alone, together):
+    assert a.ids == b.ids
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+def test_stop_ids_and_max_tokens(client):
+  prompt = PROMPTS[0]
+  free = client.generate(prompt, GREEDY, max_tokens=8, stop_ids=[]).ids
+  i = next(i for i, t in enumerate(free) if t not in free[:i] and i >= 1)
+  out = client.generate(prompt, GREEDY, max_tokens=8, stop_ids=[free[i], 1023 if free[i] != 1023 else 1022])
+  assert out.ids == free[:i + 1] and out.finish_reason == "stop"  # the stop id is returned last
+  out = client.generate(prompt, GREEDY, max_tokens=3, stop_ids=[])
+  assert out.ids == free[:3] and out.finish_reason == "length"
+  # The harness's policy interface over the same client.
+  ids, lps, finish = JetStreamPolicy(client).generate(prompt, GREEDY, 2, [])
+  assert ids == free[:2] and lps == [0.0, 0.0] and finish == "length"
+  # A request that would overrun the cache ends with "length" at the cache's end.
+  long_prompt = list(range(100, 116))
+  out = client.generate(long_prompt, GREEDY, max_tokens=1000, stop_ids=[])
+  assert len(out.ids) == MAX_LEN - len(long_prompt) and out.finish_reason == "length"
+
+
+@pytest.mark.parametrize("prompt,needle", [
+    ([], "empty prompt"),
+    ([5, 1024, 7], "outside the vocabulary"),
+    ([5, -3], "outside the vocabulary"),
+    (list(range(1, MAX_LEN + 6)), "longer than the context"),
+])
+def test_malformed_requests_get_clear_errors(client, prompt, needle):
+  with pytest.raises(EngineError) as e:
+    client.generate(prompt, GREEDY, max_tokens=4, stop_ids=[])
+  assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and needle in e.value.details
+  assert len(client.generate(PROMPTS[2], GREEDY, max_tokens=2, stop_ids=[]).ids) == 2
+
+
+def test_disconnect_mid_stream_frees_the_slot(client, server):
+  before = server.driver.cancelled_requests
+  call = client.stream(PROMPTS[1], GREEDY, max_tokens=50, stop_ids=[])
+  first = next(iter(call))
+  assert len(first.stream_content.samples[0].token_ids) == 1
+  call.cancel()
+  deadline = time.time() + 20
+  while time.time() < deadline and (server.busy_slots() > 0
+                                    or server.driver.cancelled_requests == before):
+    time.sleep(0.05)
+  assert server.busy_slots() == 0
+  assert server.driver.cancelled_requests == before + 1
+  assert client.generate(PROMPTS[0], GREEDY, max_tokens=2, stop_ids=[]).finish_reason == "length"
+
+
+def test_jetstream_own_client_and_health(server):
+  from jetstream.core.proto import jetstream_pb2
+  from jetstream.core.proto import jetstream_pb2_grpc
+  with grpc.insecure_channel(server.address) as ch:
+    stub = jetstream_pb2_grpc.OrchestratorStub(ch)
+    assert stub.HealthCheck(jetstream_pb2.HealthCheckRequest()).is_live
+    req = jetstream_pb2.DecodeRequest(
+        max_tokens=3, token_content=jetstream_pb2.DecodeRequest.TokenContent(token_ids=PROMPTS[0]))
+    ids = [t for r in stub.Decode(req) for s in r.stream_content.samples for t in s.token_ids]
+    assert len(ids) <= 3  # engine default sampling, config stop ids
+    req = jetstream_pb2.DecodeRequest(
+        max_tokens=3, text_content=jetstream_pb2.DecodeRequest.TextContent(text="hello"))
+    texts = [s.text for r in stub.Decode(req) for s in r.stream_content.samples]
+    assert texts and all(isinstance(t, str) for t in texts)
+  assert TokenClient(server.address).health()
+
+
+def test_weight_update_takes_effect_without_recompile(client, server, model, full_forward):
+  cfg, old = model
+  engine = server.engine
+  compiled = (engine._generate_jit._cache_size(), engine._prefill_jit._cache_size(),
+              engine._insert_jit._cache_size())
+  new = qwen3_5.init_params(cfg, jax.random.key(99))
+  v0 = engine.params_version
+  try:
+    assert server.update_weights(new) == v0 + 1
+    for prompt in PROMPTS[:2]:
+      out = client.generate(prompt, GREEDY, max_tokens=6, stop_ids=[])
+      assert out.ids == greedy_by_recompute(full_forward, new, prompt, 6)
+      assert out.weights_version == v0 + 1
+    assert out.ids != greedy_by_recompute(full_forward, old, PROMPTS[1], 6)
+    assert (engine._generate_jit._cache_size(), engine._prefill_jit._cache_size(),
+            engine._insert_jit._cache_size()) == compiled
+    bad = jax.tree.map(lambda x: x.astype(jnp.bfloat16), new)
+    with pytest.raises(ValueError, match="recompile"):
+      server.update_weights(bad)
+  finally:
+    server.update_weights(old)
