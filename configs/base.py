@@ -214,4 +214,34 @@ def get_config() -> ml_collections.ConfigDict:
   c.harness.top_p = 1.0              # nucleus sampling
   c.harness.top_k = 0                # top-k sampling; 0 = off
   c.harness.policy_backend = "local"  # policy=model: local (in-process reference decode) | jetstream
+
+  # Rollout serving: the JetStream engine, server and token client (rl/rollout).
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.port = 9000              # gRPC port of the JetStream server (launch.py --port overrides)
+  c.rollout.address = "localhost:9000"  # where the token client finds the server
+  c.rollout.slots = 0                # decode slots (max_concurrent_decodes); 0 = capacity planner, capped at max_slots
+  c.rollout.max_slots = 32           # cap on planner-derived slots (the planner sees no activations)
+  c.rollout.max_len = 4096           # tokens per slot (prompt + sampled); the KV cache length
+  c.rollout.prefill_buckets = (64, 128, 256, 512, 1024, 2048, 4096)  # prompt pad lengths (one compile each)
+  c.rollout.stop_ids = (2, 0)        # default stop ids: <|im_end|>, <|endoftext|> (tiny vocab; qwen3_5: 248046, 248044)
+  c.rollout.temperature = 1.0        # default sampling temperature; 0 = greedy
+  c.rollout.top_p = 1.0              # default nucleus mass; 1.0 = off
+  c.rollout.top_k = 0                # default top-k; 0 = off
+  c.rollout.seed = 0                 # sampler seed of requests that bring none
+  c.rollout.cache_dtype = ""         # KV / conv cache dtype; "" = model.dtype
+  c.rollout.warmup = True            # compile every prefill bucket before serving
+  c.rollout.rpc_threads = 0          # gRPC handler threads; 0 = max(slots, 64)
+  c.rollout.client_timeout_s = 600.0  # token client's deadline for one generate call
+  c.rollout.log_level = "WARNING"    # root log level once JetStream is imported (it forces DEBUG)
+  # Capacity planner (rl/rollout/capacity.py): per-sequence decode state vs device memory.
+  c.rollout.capacity = ml_collections.ConfigDict()
+  c.rollout.capacity.device_memory_gib = 16.0  # memory of one accelerator
+  c.rollout.capacity.devices_per_engine = 1  # accelerators serving one engine (its mesh)
+  c.rollout.capacity.tensor_parallel = 1  # TP degree inside an engine (KV heads replicate past kv_heads)
+  c.rollout.capacity.memory_fraction = 0.9  # share of device memory the engine may use
+  c.rollout.capacity.num_engines = 1  # engines (replicas) serving rollouts
+  c.rollout.capacity.context_len = 0  # tokens per sequence to plan for; 0 = rollout.max_len
+  c.rollout.capacity.weight_bytes = 0  # bytes per weight; 0 = from model.param_dtype
+  c.rollout.capacity.cache_bytes = 0  # bytes per KV / conv element; 0 = from cache_dtype / model.dtype
+  c.rollout.capacity.reserve_gib = 0.0  # per-engine workspace held back (activations, compiler scratch)
   return c
