@@ -16,6 +16,7 @@ inside both figures. Prints figures; asserts nothing.
 """
 import argparse
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -30,10 +31,8 @@ from envs.chat import ChatFormat  # noqa: E402
 from envs.chat import load_tokenizer  # noqa: E402
 from envs.chat import template as T  # noqa: E402
 from envs.harness.batch import batch_metrics  # noqa: E402
-from envs.harness.loop import LoopSettings  # noqa: E402
 from envs.harness.oracle import oracle_factory  # noqa: E402
 from envs.harness.pool import AgentPool  # noqa: E402
-from envs.harness.pool import FormatSpec  # noqa: E402
 from envs.harness.trajectory import Trajectory  # noqa: E402
 from envs.harness.worlds import task_episodes  # noqa: E402
 
@@ -63,8 +62,7 @@ def token_path_per_turn(fmt, n_turns=2000):
 def run_harness(c, tasks, conc):
   eps = task_episodes(tasks, c)
   t0 = time.monotonic()
-  pool = AgentPool(conc, FormatSpec.from_config(c), oracle_factory([t.to_json() for t in tasks]),
-                   LoopSettings.from_config(c), c.harness.kill_grace_s)
+  pool = AgentPool.from_config(c, oracle_factory([t.to_json() for t in tasks]), conc)
   start_s = time.monotonic() - t0
   try:
     t0 = time.monotonic()
@@ -102,9 +100,8 @@ def main():
       worlds.generate_world(c.envs, specs[w], worlds.world_dir(root, w))
   print(f"rendered {len(wids)} worlds in {time.monotonic() - t0:.1f}s under {root}")
   pool_tasks = [t for t in tasks_lib.load_split(c.envs, "eval") if t.world_id in wids]
-  # Interleave worlds so that every concurrency level sees the same mix of families.
-  by_w = [[t for t in pool_tasks if t.world_id == w] for w in wids]
-  tasks = [t for grp in zip(*by_w) for t in grp][:args.tasks]
+  # A fixed random sample: every level and family, the same list at each concurrency.
+  tasks = random.Random(0).sample(pool_tasks, min(args.tasks, len(pool_tasks)))
   fmt = ChatFormat(load_tokenizer(c.tokenizer.path, c.tokenizer.special_ids),
                    c.tokenizer.thinking)
   per_turn = token_path_per_turn(fmt)
@@ -127,6 +124,10 @@ def main():
           f"{m['pass_rate']:>6.0%} {start_s:>13.1f} "
           f"{statistics.median(overhead) * 1e3:>16.2f} {turns / len(results):>9.2f}"
           f"   (peer pass {peer_pass:.0%})")
+    parts = {k: statistics.mean(r.timing.get(k, 0.0) for r in results)
+             for k in ("world_start", "model", "tool", "grade", "close", "harness", "total")}
+    print("      harness episode seconds (mean): " + ", ".join(
+        f"{k} {v:.3f}" for k, v in parts.items()))
     non_ok = {k: v for k, v in m.items() if k.startswith("outcome/") and v and k != "outcome/ok"}
     if non_ok:
       print(f"      non-ok outcomes: {non_ok}")

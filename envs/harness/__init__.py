@@ -1,7 +1,6 @@
 """The agent harness: one agent loop per process, token-in/token-out, every error named.
 
-  pool = AgentPool(num_workers, FormatSpec.from_config(c), policy_factory,
-                   LoopSettings.from_config(c), c.harness.kill_grace_s)
+  pool = AgentPool.from_config(c, policy_factory)   # c.harness.num_workers processes
   results = pool.run(episodes)                       # one EpisodeResult per Episode, in order
   batch = collate(results, c.harness.max_timeouts_per_group, pad_to=c.train.seq_len)
   metrics = batch_metrics(results)

@@ -20,11 +20,9 @@ import time
 
 from envs.harness import errors as E
 from envs.harness.batch import batch_metrics
-from envs.harness.loop import LoopSettings
 from envs.harness.policy import Action
 from envs.harness.policy import ScriptedPolicy
 from envs.harness.pool import AgentPool
-from envs.harness.pool import FormatSpec
 
 
 class NullPolicy(ScriptedPolicy):
@@ -86,9 +84,7 @@ def main(config, flags=None):
         f"tasks={len(tasks)} policy={config.policy} through the harness, "
         f"{config.harness.num_workers} agent-loop processes", flush=True)
   t1 = time.monotonic()
-  with AgentPool(config.harness.num_workers, FormatSpec.from_config(config),
-                 policy_factory(config, tasks), LoopSettings.from_config(config),
-                 config.harness.kill_grace_s) as pool:
+  with AgentPool.from_config(config, policy_factory(config, tasks)) as pool:
     results = pool.run(episodes)
     deaths = list(pool.deaths)
   dt = time.monotonic() - t1

@@ -119,8 +119,19 @@ def _check_sample(ids, logprobs, finish, max_tokens: int, vocab_size: int) -> No
     raise EpisodeError(E.ENGINE_ERROR, f"out-of-vocabulary ids {bad[:5]}")
 
 
-def run_episode(episode: Episode, policy, fmt: ChatFormat, s: LoopSettings) -> EpisodeResult:
-  """Runs one episode to an outcome; never raises."""
+def run_episode(episode: Episode, policy, fmt: ChatFormat, s: LoopSettings,
+                start_gate=None) -> EpisodeResult:
+  """Runs one episode to an outcome; never raises.
+
+  Args:
+    episode: what to run.
+    policy: the token-in/token-out policy.
+    fmt: the chat format.
+    s: the loop settings.
+    start_gate: optional semaphore shared by the pool's processes that bounds how many
+      worlds start at once (a start storm on a busy host would otherwise push every start
+      past its timeout). Waiting for it counts against the episode, not the world start.
+  """
   clock = _Clock(s.episode_timeout_s)
   res = EpisodeResult(task_id=episode.task_id, group_id=episode.group_id,
                       sample_index=episode.sample_index, outcome=E.HARNESS_BUG,
@@ -130,15 +141,28 @@ def run_episode(episode: Episode, policy, fmt: ChatFormat, s: LoopSettings) -> E
   world = None
   answer = None
   try:
+    gated = False
+    if start_gate is not None:
+      t0 = time.monotonic()
+      gated = start_gate.acquire(timeout=max(clock.remaining(), 0.0))
+      clock.spent["start_queue"] = time.monotonic() - t0
+      if not gated:
+        raise EpisodeError(E.EPISODE_TIMEOUT, "no time left waiting for a world-start slot")
     try:
       world = clock.guarded("world_start", episode.world.start, s.world_start_timeout_s,
                             E.WORLD_CRASH, "world start")
       tools = clock.guarded("world_start", world.tools, s.world_start_timeout_s,
                             E.WORLD_CRASH, "list tools")
     except EpisodeError:
+      # A start abandoned mid-way may still bring up a world process nobody will close:
+      # the agent process is recycled, which takes the process group down with it.
+      res.tainted = True
       raise
     except Exception as e:  # noqa: BLE001 - any failure to start is the world's
       raise EpisodeError(E.WORLD_CRASH, f"world failed to start: {type(e).__name__}: {e}") from e
+    finally:
+      if gated:
+        start_gate.release()
     schemas = _schemas(tools)
     traj = Trajectory(fmt.prompt_ids(tools, episode.prompt, episode.system_prompt))
     sampling = SamplingParams(s.temperature, s.top_p, s.top_k, episode.seed)

@@ -48,7 +48,8 @@ class PoolInitError(RuntimeError):
   """A worker could not build its tokenizer or policy: a configuration error, not a rollout's."""
 
 
-def _worker_main(conn, fmt_spec: FormatSpec, policy_factory, settings: LoopSettings):
+def _worker_main(conn, fmt_spec: FormatSpec, policy_factory, settings: LoopSettings,
+                 start_gate=None):
   # Own process group: the parent's killpg takes the world processes down with us.
   os.setpgrp()
   try:
@@ -66,7 +67,7 @@ def _worker_main(conn, fmt_spec: FormatSpec, policy_factory, settings: LoopSetti
         return
       if episode is None:
         return
-      conn.send(("result", run_episode(episode, policy, fmt, settings)))
+      conn.send(("result", run_episode(episode, policy, fmt, settings, start_gate)))
   finally:
     run_exit_hooks()
 
@@ -104,14 +105,17 @@ class AgentPool:
     kill_grace_s: how long past an episode's timeout the parent waits before killing.
     start_method: multiprocessing start method; "spawn" is safe with threads in the parent
       (JAX, gRPC), where fork is not.
+    max_world_starts: worlds starting at once across the pool; 0 = no limit.
   """
 
   def __init__(self, num_workers: int, fmt_spec: FormatSpec, policy_factory: Callable,
-               settings: LoopSettings, kill_grace_s: float = 10.0, start_method: str = "spawn"):
+               settings: LoopSettings, kill_grace_s: float = 10.0, start_method: str = "spawn",
+               max_world_starts: int = 0):
     if num_workers < 1:
       raise ValueError("num_workers must be >= 1")
     self._ctx = mp.get_context(start_method)
-    self._args = (fmt_spec, policy_factory, settings)
+    gate = self._ctx.BoundedSemaphore(max_world_starts) if max_world_starts > 0 else None
+    self._args = (fmt_spec, policy_factory, settings, gate)
     self._settings = settings
     self._grace = kill_grace_s
     self.deaths: list[dict[str, Any]] = []   # every worker lost: pid, exit code, why
@@ -119,6 +123,14 @@ class AgentPool:
     self._workers = [self._spawn() for _ in range(num_workers)]
     for w in self._workers:
       self._await_ready(w)
+
+  @classmethod
+  def from_config(cls, c, policy_factory: Callable, num_workers: int | None = None
+                  ) -> "AgentPool":
+    """A pool with every knob from the config (`harness`, `tokenizer`, `train`, `rl`)."""
+    return cls(num_workers or c.harness.num_workers, FormatSpec.from_config(c), policy_factory,
+               LoopSettings.from_config(c), c.harness.kill_grace_s,
+               max_world_starts=c.harness.max_world_starts)
 
   def _spawn(self) -> _Worker:
     parent, child = self._ctx.Pipe()

@@ -95,7 +95,7 @@ def test_world_killed_mid_episode(pool):
 
 def test_world_start_timeout(pool):
   r, _ = _run(pool, F.lookup_task("alpha"), world=dataclasses.replace(WORLD, start_delay_s=10))
-  assert r.outcome == E.WORLD_CRASH and "world start" in r.detail
+  assert r.outcome == E.WORLD_CRASH and "world start" in r.detail and r.tainted
 
 
 def test_engine_stops_answering(pool):
@@ -173,3 +173,16 @@ def test_random_policy_episodes_end_classified():
   for r in results:
     assert len(r.tokens) == len(r.loss_mask) == len(r.rollout_logprobs)
     assert sum(r.loss_mask) > 0 and not any(r.loss_mask[:r.prompt_len])
+
+
+def test_world_start_gate_serialises_starts():
+  """With one start slot, starts queue (counted as start_queue time), none times out."""
+  slow = dataclasses.replace(WORLD, start_delay_s=0.5)
+  eps = [Episode(task_id=f"g{i}", prompt=F.lookup_task("alpha"), world=slow, group_id=i)
+         for i in range(4)]
+  factory = functools.partial(F.TaskScriptPolicy, scripts={})
+  with AgentPool(4, FormatSpec(), factory, SETTINGS, kill_grace_s=1.0, max_world_starts=1) as p:
+    results = p.run(eps)
+  assert all(r.outcome == E.OK for r in results), [(r.outcome, r.detail) for r in results]
+  waits = sorted(r.timing["start_queue"] for r in results)
+  assert waits[-1] >= 1.0  # the last one waited for (about) three starts before it

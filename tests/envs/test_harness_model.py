@@ -8,9 +8,7 @@ from configs import tiny_cpu
 from envs.harness import errors as E
 from envs.harness import testing as F
 from envs.harness.local_model import local_model_factory
-from envs.harness.loop import LoopSettings
 from envs.harness.pool import AgentPool
-from envs.harness.pool import FormatSpec
 from envs.harness.world import Episode
 
 
@@ -25,8 +23,7 @@ def test_tiny_random_model_episodes_end_classified():
   eps = [Episode(task_id=f"m{i}", prompt=F.lookup_task("alpha"),
                  world=F.FakeWorldSpec(facts=(("alpha", "1"),), answer="1"), group_id=0,
                  sample_index=i, seed=i) for i in range(4)]
-  with AgentPool(1, FormatSpec.from_config(c), local_model_factory(c),
-                 LoopSettings.from_config(c), c.harness.kill_grace_s) as pool:
+  with AgentPool.from_config(c, local_model_factory(c), 1) as pool:
     results = pool.run(eps)
   for r in results:
     assert r.outcome in E.MODEL_OUTCOMES, (r.outcome, r.detail)

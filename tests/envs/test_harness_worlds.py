@@ -17,11 +17,9 @@ from envs import worlds
 from envs.harness import errors as E
 from envs.harness.batch import batch_metrics
 from envs.harness.batch import collate
-from envs.harness.loop import LoopSettings
 from envs.harness.oracle import OraclePolicy
 from envs.harness.oracle import oracle_factory
 from envs.harness.pool import AgentPool
-from envs.harness.pool import FormatSpec
 from envs.harness.worlds import task_episodes
 
 SAMPLE_WORLDS = {"eval": ("in00", "co00"), "train": ("ma03",)}
@@ -55,8 +53,7 @@ def sample(tmp_path_factory):
 
 def _run(c, tasks, policy_factory, samples=1):
   eps = task_episodes(tasks, c, samples_per_task=samples)
-  with AgentPool(c.harness.num_workers, FormatSpec.from_config(c), policy_factory,
-                 LoopSettings.from_config(c), c.harness.kill_grace_s) as pool:
+  with AgentPool.from_config(c, policy_factory) as pool:
     return pool.run(eps)
 
 
