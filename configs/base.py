@@ -199,7 +199,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.harness.num_workers = 2          # agent-loop processes in the pool (concurrent episodes)
   c.harness.max_turns = 100          # assistant turns per episode before max_turns
   c.harness.max_tokens_per_turn = 512  # max_tokens of one model call (capped by the context left)
-  # The context limit is train.max_context; the sampling temperature is rl.temperature.
+  # The context limit is train.max_context; sampling: rl.temperature, rollout.top_p / top_k.
   c.harness.repair_attempts = 2      # repair messages per episode for malformed / unknown tool calls
   c.harness.nudge = True             # context nudge: ask for a final answer when the context runs low
   c.harness.nudge_fraction = 0.2     # nudge when context left for the next turn <= this share of max
@@ -212,8 +212,6 @@ def get_config() -> ml_collections.ConfigDict:
   c.harness.kill_grace_s = 10.0      # past the episode timeout, the pool kills the process
   c.harness.max_world_starts = 4     # worlds (gateway processes) starting at once across the pool; 0 = no limit
   c.harness.max_timeouts_per_group = 1  # a group with more timed-out trajectories is masked whole
-  c.harness.top_p = 1.0              # nucleus sampling
-  c.harness.top_k = 0                # top-k sampling; 0 = off
   c.harness.policy_backend = "local"  # policy=model: local (in-process reference decode) | jetstream
 
   # Rollout serving: the JetStream engine, server and token client (rl/rollout).

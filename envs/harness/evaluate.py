@@ -5,9 +5,9 @@
 
 Every episode runs in an agent-loop process of the pool, token-in/token-out, against the
 task's world (MCP gateway) and is graded by its rubric. Policies:
-  model   the Qwen3.5 policy: `harness.policy_backend` = local (in-process reference decode of
-          config.model, random init unless params are given) or jetstream (the rl/rollout
-          token client, once available);
+  model   the Qwen3.5 policy: `harness.policy_backend` = jetstream (the token client of
+          rl/rollout, talking to the server at rollout.address: `launch.py --mode=serve`) or
+          local (in-process reference decode of config.model, random init);
   oracle  the token-level oracle (its tool calls written as Qwen3.5 text, tokenized);
   null    answers at once, calling no tool.
 Prints pass@1 and mean reward per domain, the error taxonomy counts, and as its last line
@@ -45,10 +45,8 @@ def policy_factory(config, tasks):
       from envs.harness.local_model import local_model_factory
       return local_model_factory(config)
     if backend == "jetstream":
-      raise NotImplementedError(
-          "harness.policy_backend=jetstream needs the token-in/token-out client of rl/rollout "
-          "(a Policy with generate(prompt_ids, sampling, max_tokens, stop_ids)); not in this "
-          "checkout yet")
+      from rl.rollout.client import jetstream_policy_factory
+      return jetstream_policy_factory(config)
     raise ValueError(f"unknown harness.policy_backend {backend!r} (local | jetstream)")
   raise ValueError(f"unknown policy {config.policy!r} (model | oracle | null)")
 

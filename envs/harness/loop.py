@@ -65,8 +65,8 @@ class LoopSettings:
         nudge=h.nudge, nudge_fraction=h.nudge_fraction, nudge_once=h.nudge_once,
         world_start_timeout_s=h.world_start_timeout_s, model_timeout_s=h.model_timeout_s,
         tool_timeout_s=h.tool_timeout_s, grade_timeout_s=h.grade_timeout_s,
-        episode_timeout_s=h.episode_timeout_s, temperature=c.rl.temperature, top_p=h.top_p,
-        top_k=h.top_k)
+        episode_timeout_s=h.episode_timeout_s, temperature=c.rl.temperature,
+        top_p=c.rollout.top_p, top_k=c.rollout.top_k)
 
 
 class _Clock:
