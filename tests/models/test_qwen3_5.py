@@ -1,0 +1,212 @@
+"""Decode path, padding, scanning, presets and checkpoint errors of the Qwen3.5 model."""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.flax import load_file, save_file
+
+from configs import base
+from models import hf_io
+from models import qwen3_5
+
+
+def _tiny(**kw):
+  m = base.get_model_config()
+  m.update(kw)
+  return qwen3_5.config_from_dict(m)
+
+
+@pytest.fixture(scope="module")
+def model():
+  cfg = _tiny(num_hidden_layers=8, num_experts_per_tok=3)
+  return cfg, qwen3_5.init_params(cfg, jax.random.key(0))
+
+
+def test_prefill_then_decode_reproduces_full_forward(model):
+  cfg, params = model
+  rng = np.random.default_rng(0)
+  tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (2, 80)), jnp.int32)
+  full = qwen3_5.forward(cfg, params, tokens)
+  prompt = 70  # > one GDN chunk
+  lengths = jnp.full((2,), prompt, jnp.int32)
+  logits, cache = qwen3_5.prefill(cfg, params, tokens[:, :prompt], lengths, max_len=96)
+  np.testing.assert_allclose(logits, full[:, prompt - 1], atol=1e-4)
+  step = jax.jit(qwen3_5.decode_step, static_argnums=0)
+  for t in range(prompt, 80):
+    logits, cache = step(cfg, params, cache, tokens[:, t])
+    np.testing.assert_allclose(logits, full[:, t], atol=1e-4, err_msg=f"position {t}")
+  assert cache["pos"].tolist() == [80, 80]
+
+
+def test_right_padded_batch_rows_match_their_runs_alone(model):
+  cfg, params = model
+  rng = np.random.default_rng(1)
+  lengths = [67, 12, 40]
+  rows = [rng.integers(0, cfg.vocab_size, n) for n in lengths]
+  padded = np.zeros((3, 72), np.int32)
+  for i, r in enumerate(rows):
+    padded[i, :len(r)] = r
+  logits, cache = qwen3_5.prefill(cfg, params, jnp.asarray(padded), jnp.asarray(lengths), 80)
+  nxt = jnp.asarray([5, 6, 7], jnp.int32)
+  step_logits, _ = qwen3_5.decode_step(cfg, params, cache, nxt)
+  for i, r in enumerate(rows):
+    alone = qwen3_5.forward(cfg, params, jnp.asarray(np.append(r, int(nxt[i]))[None], jnp.int32))
+    np.testing.assert_allclose(logits[i], alone[0, -2], atol=1e-4)
+    np.testing.assert_allclose(step_logits[i], alone[0, -1], atol=1e-4)
+    # The padded forward gives each row its own logits at its valid positions too.
+  batch_full = qwen3_5.forward(cfg, params, jnp.asarray(padded))
+  for i, r in enumerate(rows):
+    alone = qwen3_5.forward(cfg, params, jnp.asarray(r[None], jnp.int32))
+    np.testing.assert_allclose(batch_full[i, :len(r)], alone[0], atol=1e-4)
+
+
+def test_cache_insert_moves_one_sequence_into_a_slot(model):
+  cfg, params = model
+  tokens = jnp.asarray(np.random.default_rng(2).integers(0, cfg.vocab_size, (1, 20)), jnp.int32)
+  _, prefix = qwen3_5.prefill(cfg, params, tokens, jnp.asarray([20]), max_len=32)
+  decode = qwen3_5.init_cache(cfg, batch=4, max_len=64)
+  decode = qwen3_5.cache_insert(decode, prefix, slot=2)
+  assert decode["pos"].tolist() == [0, 0, 20, 0]
+  logits, _ = qwen3_5.decode_step(cfg, params, decode, jnp.asarray([0, 0, 9, 0]))
+  ref = qwen3_5.forward(cfg, params, jnp.concatenate([tokens, jnp.asarray([[9]])], axis=1))
+  np.testing.assert_allclose(logits[2], ref[0, -1], atol=1e-4)
+
+
+def test_scanned_and_unrolled_layers_give_the_same_logits(model):
+  cfg, params = model
+  flat_cfg = cfg.replace(scan_layers=False)
+  assert cfg.num_cycles == 2 and flat_cfg.num_cycles == 1
+  # Re-group the scanned params (2 cycles of 4) as one cycle of 8 layers.
+  blocks = tuple(jax.tree.map(lambda a, c=c: a[c:c + 1], params["blocks"][j])
+                 for c in range(cfg.num_cycles) for j in range(len(cfg.cycle)))
+  flat = dict(params, blocks=blocks)
+  tokens = jnp.asarray(np.random.default_rng(3).integers(0, cfg.vocab_size, (2, 30)), jnp.int32)
+  np.testing.assert_allclose(qwen3_5.forward(flat_cfg, flat, tokens),
+                             qwen3_5.forward(cfg, params, tokens), atol=1e-5)
+
+
+def test_router_logits_are_returned_per_moe_layer(model):
+  cfg, params = model
+  tokens = jnp.zeros((2, 10), jnp.int32)
+  _, router = qwen3_5.forward(cfg, params, tokens, return_router_logits=True)
+  assert len(router) == len(cfg.cycle)
+  assert all(r.shape == (cfg.num_cycles, 20, cfg.num_experts) and r.dtype == jnp.float32
+             for r in router)
+
+
+def test_param_axes_name_every_parameter_dimension(model):
+  cfg, params = model
+  axes = qwen3_5.param_axes(cfg)
+  is_axes = lambda a: isinstance(a, tuple) and all(isinstance(x, str) for x in a)
+  flat_axes = jax.tree_util.tree_flatten(axes, is_leaf=is_axes)[0]
+  flat_params = jax.tree_util.tree_flatten(params)[0]
+  assert len(flat_axes) == len(flat_params)
+  for a, p in zip(flat_axes, flat_params):
+    assert len(a) == p.ndim, (a, p.shape)
+
+
+@pytest.mark.parametrize("preset,total,active", [
+    ("qwen3_5_35b_a3b", 35e9, 3e9),
+    ("qwen3_5_397b_a17b", 397e9, 17e9),
+])
+def test_presets_match_their_names_within_five_percent(preset, total, active):
+  counts = qwen3_5.count_params(_tiny(preset=preset))
+  assert abs(counts["total"] / total - 1) <= 0.05, counts
+  assert abs(counts["active"] / active - 1) <= 0.05, counts
+
+
+def test_unknown_preset_and_bad_config_are_clear_errors():
+  with pytest.raises(ValueError, match="unknown model preset"):
+    _tiny(preset="qwen9")
+  with pytest.raises(ValueError, match="linear_num_value_heads"):
+    _tiny(linear_num_value_heads=3)
+
+
+def test_dense_model_runs_and_round_trips(tmp_path):
+  cfg = _tiny(use_moe=False, tie_word_embeddings=True)
+  params = qwen3_5.init_params(cfg, jax.random.key(1))
+  assert "lm_head" not in params
+  path = qwen3_5.save_hf(cfg, params, str(tmp_path / "dense"))
+  cfg2, params2 = qwen3_5.load_hf(path)
+  assert cfg2.use_moe is False and cfg2.tie_word_embeddings
+  tokens = jnp.ones((1, 5), jnp.int32)
+  np.testing.assert_array_equal(qwen3_5.forward(cfg2, params2, tokens),
+                                qwen3_5.forward(cfg, params, tokens))
+
+
+# -- checkpoint layouts and errors ------------------------------------------------------------
+
+@pytest.fixture()
+def saved(tmp_path, model):
+  cfg, params = model
+  return cfg, params, qwen3_5.save_hf(cfg, params, str(tmp_path / "ckpt"))
+
+
+def _rewrite(path, fn):
+  f = os.path.join(path, "model.safetensors")
+  tensors = fn(dict(load_file(f)))
+  save_file(tensors, f, metadata={"format": "pt"})
+
+
+def test_sharded_index_and_text_only_fused_layouts_load_identically(saved, tmp_path):
+  cfg, params, _ = saved
+  sharded = qwen3_5.save_hf(cfg, params, str(tmp_path / "sharded"), max_shard_bytes=200_000)
+  assert os.path.exists(os.path.join(sharded, "model.safetensors.index.json"))
+  _, p_sharded = qwen3_5.load_hf(sharded)
+  jax.tree.map(np.testing.assert_array_equal, p_sharded, params)
+
+  # The text-only layout: flat config, keys under `model.`, experts fused as transformers keeps them.
+  flat_dir = tmp_path / "text_only"
+  flat_dir.mkdir()
+  tensors = hf_io.to_hf_tensors(cfg, jax.device_get(params), prefix="model.")
+  for key in [k for k in tensors if k.endswith(".mlp.experts.0.gate_proj.weight")]:
+    base_key = key[: -len("0.gate_proj.weight")]
+    e = cfg.num_experts
+    gate = np.stack([tensors.pop(f"{base_key}{i}.gate_proj.weight") for i in range(e)])
+    up = np.stack([tensors.pop(f"{base_key}{i}.up_proj.weight") for i in range(e)])
+    tensors[base_key + "gate_up_proj"] = np.concatenate([gate, up], axis=1)
+    tensors[base_key + "down_proj"] = np.stack(
+        [tensors.pop(f"{base_key}{i}.down_proj.weight") for i in range(e)])
+  tensors["mtp.layers.0.fc.weight"] = np.zeros((2, 2), np.float32)  # ignored
+  save_file({k: jnp.asarray(v) for k, v in tensors.items()}, str(flat_dir / "model.safetensors"))
+  from models import config as config_lib
+  with open(flat_dir / "config.json", "w") as f:
+    json.dump(config_lib.to_hf_text_dict(cfg), f)
+  cfg_flat, p_flat = qwen3_5.load_hf(str(flat_dir))
+  assert cfg_flat == cfg.replace(intermediate_size=0)  # the dense width is not part of a MoE config
+  jax.tree.map(np.testing.assert_array_equal, p_flat, params)
+
+
+def test_missing_tensor_is_named(saved):
+  _, _, path = saved
+  key = "model.language_model.layers.3.self_attn.k_norm.weight"
+  _rewrite(path, lambda t: {k: v for k, v in t.items() if k != key})
+  with pytest.raises(hf_io.CheckpointError, match=f"missing tensor {key}"):
+    qwen3_5.load_hf(path)
+
+
+def test_extra_tensor_is_named(saved):
+  _, _, path = saved
+  _rewrite(path, lambda t: dict(t, **{"model.language_model.layers.0.bogus": jnp.zeros(3)}))
+  with pytest.raises(hf_io.CheckpointError, match="unexpected tensors.*layers.0.bogus"):
+    qwen3_5.load_hf(path)
+
+
+def test_misshapen_tensor_is_named(saved):
+  _, _, path = saved
+  key = "model.language_model.layers.1.linear_attn.in_proj_z.weight"
+  _rewrite(path, lambda t: dict(t, **{key: jnp.zeros((3, 3))}))
+  with pytest.raises(hf_io.CheckpointError, match=f"tensor {key} has shape"):
+    qwen3_5.load_hf(path)
+
+
+def test_corrupt_shard_is_reported(saved):
+  _, _, path = saved
+  f = os.path.join(path, "model.safetensors")
+  with open(f, "r+b") as fh:
+    fh.truncate(os.path.getsize(f) // 2)
+  with pytest.raises(hf_io.CheckpointError):
+    qwen3_5.load_hf(path)
