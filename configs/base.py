@@ -212,7 +212,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.harness.kill_grace_s = 10.0      # past the episode timeout, the pool kills the process
   c.harness.max_world_starts = 4     # worlds (gateway processes) starting at once across the pool; 0 = no limit
   c.harness.max_timeouts_per_group = 1  # a group with more timed-out trajectories is masked whole
-  c.harness.policy_backend = "local"  # policy=model: local (in-process reference decode) | jetstream
+  c.harness.policy_backend = "jetstream"  # policy=model: jetstream (server at rollout.address) | local (in-process decode)
 
   # Rollout serving: the JetStream engine, server and token client (rl/rollout).
   c.rollout = ml_collections.ConfigDict()

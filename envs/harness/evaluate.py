@@ -45,7 +45,16 @@ def policy_factory(config, tasks):
       from envs.harness.local_model import local_model_factory
       return local_model_factory(config)
     if backend == "jetstream":
+      from rl.rollout.client import TokenClient
       from rl.rollout.client import jetstream_policy_factory
+      probe = TokenClient(config.rollout.address)
+      try:
+        if not probe.health():
+          raise SystemExit(
+              f"no rollout server answers at {config.rollout.address}: start one with "
+              "`launch.py --mode=serve` (same config), or set harness.policy_backend=local")
+      finally:
+        probe.close()
       return jetstream_policy_factory(config)
     raise ValueError(f"unknown harness.policy_backend {backend!r} (local | jetstream)")
   raise ValueError(f"unknown policy {config.policy!r} (model | oracle | null)")
@@ -73,16 +82,17 @@ def main(config, flags=None):
   from envs import worlds
   from envs.harness.worlds import task_episodes
   t0 = time.monotonic()
-  root = worlds.ensure_worlds(config.envs)
   tasks = tasks_lib.load_split(config.envs, config.eval.split)
   if config.eval.max_tasks:
     tasks = tasks[:config.eval.max_tasks]
+  factory = policy_factory(config, tasks)  # fails fast (no server) before rendering worlds
+  root = worlds.ensure_worlds(config.envs)
   episodes = task_episodes(tasks, config, worlds_root=root)
   print(f"worlds ready in {root} ({time.monotonic() - t0:.1f}s); split={config.eval.split} "
         f"tasks={len(tasks)} policy={config.policy} through the harness, "
         f"{config.harness.num_workers} agent-loop processes", flush=True)
   t1 = time.monotonic()
-  with AgentPool.from_config(config, policy_factory(config, tasks)) as pool:
+  with AgentPool.from_config(config, factory) as pool:
     results = pool.run(episodes)
     deaths = list(pool.deaths)
   dt = time.monotonic() - t1
