@@ -101,13 +101,19 @@ class _TensorSource:
       with open(index) as f:
         weight_map = json.load(f)["weight_map"]
     elif os.path.exists(single):
-      with safe_open(single, framework="flax") as f:
-        weight_map = {k: "model.safetensors" for k in f.keys()}
+      weight_map = {k: "model.safetensors" for k in self._open(single).keys()}
     else:
       raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json")
     self.path = path
     self.weight_map = weight_map
     self._files = {}
+
+  @staticmethod
+  def _open(full: str):
+    try:
+      return safe_open(full, framework="flax")
+    except Exception as e:  # truncated header, bad JSON, wrong magic
+      raise CheckpointError(f"cannot open {full}: {e}") from e
 
   def keys(self):
     return self.weight_map.keys()
@@ -118,7 +124,7 @@ class _TensorSource:
       full = os.path.join(self.path, fname)
       if not os.path.exists(full):
         raise CheckpointError(f"shard {fname} (holding {key}) is missing from {self.path}")
-      self._files[fname] = safe_open(full, framework="flax")
+      self._files[fname] = self._open(full)
     try:
       return np.asarray(self._files[fname].get_tensor(key).astype(jnp.float32))
     except Exception as e:  # a truncated or corrupt shard
