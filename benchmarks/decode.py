@@ -1,0 +1,156 @@
+"""Decode throughput of the JetStream engine vs transformers `generate`, same weights.
+
+    python benchmarks/decode.py                                  # tiny config, CPU, 1/8/32
+    python benchmarks/decode.py --dtype=bfloat16 --skip_hf \
+        --set=model.hidden_size=2048 --set=model.num_hidden_layers=8 ...   # a bigger one, GPU
+
+For each concurrency c the engine gets c slots, c prompts are prefilled and inserted, and
+`--tokens` generate steps are timed (each step's tokens and logprobs copied to the host, as
+the server does). transformers builds its model from the same weights (qwen3_5.save_hf ->
+AutoModelForCausalLM.from_pretrained) and runs greedy `generate` on the same prompts; its
+decode rate is c * (N - 1) / (t(N new tokens) - t(1 new token)), prefill excluded. Prints
+tokens/s of both and their ratio; asserts nothing.
+"""
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+
+def _parse_value(v: str):
+  for cast in (int, float):
+    try:
+      return cast(v)
+    except ValueError:
+      pass
+  return {"true": True, "false": False}.get(v.lower(), v)
+
+
+def load_config(args):
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location("bench_config", args.config)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  c = mod.get_config()
+  c.unlock()
+  for kv in args.set:
+    key, value = kv.split("=", 1)
+    node = c
+    *path, last = key.split(".")
+    for p in path:
+      node = node[p]
+    node[last] = _parse_value(value)
+  c.model.dtype = args.dtype
+  c.model.param_dtype = args.dtype
+  return c
+
+
+def bench_engine(config, params, prompts, tokens: int) -> float:
+  """Engine decode tokens/s with len(prompts) slots."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from rl.rollout.engine import PrefillInput, QwenEngine, SamplingSettings  # pylint: disable=g-import-not-at-top
+  c = len(prompts)
+  n = prompts.shape[1]
+  engine = QwenEngine.from_config(config, params=params, slots=c, max_len=n + tokens + 8,
+                                  prefill_buckets=(n,))
+  handle = engine.load_params()
+  state = engine.init_decode_state()
+  for slot, p in enumerate(prompts):
+    prefix = engine.prefill(params=handle, padded_tokens=PrefillInput(
+        np.asarray(p, np.int32), SamplingSettings(temperature=0.0)), true_length=n)
+    state = engine.insert(prefix, state, slot)
+  for _ in range(2):  # compile + one warm step
+    state, res = engine.generate(handle, state)
+    res.convert_to_numpy()
+  best = 0.0
+  for _ in range(2):  # keep the better of two windows (the CPU is shared)
+    t0 = time.perf_counter()
+    for _ in range(tokens):
+      state, res = engine.generate(handle, state)
+      res.copy_to_host_async()
+      res.convert_to_numpy()
+    best = max(best, c * tokens / (time.perf_counter() - t0))
+  jax.block_until_ready(state)
+  return best
+
+
+def bench_hf(path, prompts, tokens: int, dtype: str) -> float:
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+      path, dtype=getattr(torch, dtype))
+  model.eval()
+  ids = torch.tensor(np.asarray(prompts), dtype=torch.long)
+  mask = torch.ones_like(ids)
+
+  class StepClock(transformers.StoppingCriteria):
+    """Called once per generated token: timestamps the steps, stops nothing."""
+
+    def __init__(self):
+      self.times = []
+
+    def __call__(self, input_ids, scores, **kwargs):
+      self.times.append(time.perf_counter())
+      return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+  best = 0.0
+  for _ in range(2):  # the first run also warms up; keep the better one
+    clock = StepClock()
+    with torch.no_grad():
+      out = model.generate(ids, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens,
+                           do_sample=False, pad_token_id=0, eos_token_id=None,
+                           stopping_criteria=transformers.StoppingCriteriaList([clock]))
+    assert out.shape[1] == ids.shape[1] + tokens
+    # From the first token's timestamp (prefill done) to the last: tokens - 1 decode steps.
+    best = max(best, len(prompts) * (tokens - 1) / (clock.times[-1] - clock.times[0]))
+  return best
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--config", default="configs/tiny_cpu.py")
+  ap.add_argument("--set", action="append", default=[], help="config override key=value (repeatable)")
+  ap.add_argument("--concurrency", default="1,8,32")
+  ap.add_argument("--tokens", type=int, default=32, help="decode steps timed")
+  ap.add_argument("--prompt_len", type=int, default=16)
+  ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  ap.add_argument("--skip_hf", action="store_true", help="engine only (e.g. on a GPU)")
+  ap.add_argument("--torch_threads", type=int, default=0, help="0 = torch's default")
+  args = ap.parse_args()
+
+  import jax  # pylint: disable=g-import-not-at-top
+  from models import qwen3_5  # pylint: disable=g-import-not-at-top
+  config = load_config(args)
+  cfg = qwen3_5.config_from_dict(config.model)
+  params = qwen3_5.init_params(cfg, jax.random.key(config.seed))
+  counts = qwen3_5.count_params(cfg)
+  print(f"device {jax.devices()[0].device_kind} x{jax.device_count()}; model {counts['total']/1e6:.1f}M "
+        f"params ({counts['active']/1e6:.1f}M active), {args.dtype}; prompt {args.prompt_len}, "
+        f"{args.tokens} decode steps", flush=True)
+  conc = [int(x) for x in args.concurrency.split(",")]
+  rng = np.random.default_rng(0)
+  hf_dir = None
+  if not args.skip_hf:
+    import torch  # pylint: disable=g-import-not-at-top
+    if args.torch_threads:
+      torch.set_num_threads(args.torch_threads)
+    hf_dir = tempfile.mkdtemp(prefix="decode_bench_")
+    qwen3_5.save_hf(cfg, params, hf_dir)
+  print(f"{'conc':>5} {'engine tok/s':>13} {'hf tok/s':>10} {'ratio':>7}", flush=True)
+  for c in conc:
+    prompts = rng.integers(10, cfg.vocab_size, size=(c, args.prompt_len))
+    eng = bench_engine(config, params, prompts, args.tokens)
+    if hf_dir:
+      hf = bench_hf(hf_dir, prompts, args.tokens, args.dtype)
+      print(f"{c:>5} {eng:>13.1f} {hf:>10.1f} {eng / hf:>6.1f}x", flush=True)
+    else:
+      print(f"{c:>5} {eng:>13.1f} {'-':>10} {'-':>7}", flush=True)
+
+
+if __name__ == "__main__":
+  main()
