@@ -5,6 +5,8 @@ import numpy as np
 
 from rl.rollout import sampling
 
+_sample = jax.jit(sampling.sample)  # eager dispatch of the sort/cond is slow on a busy CPU
+
 
 def _keys(n, seed=0):
   return jax.random.split(jax.random.key(seed), n)
@@ -12,7 +14,7 @@ def _keys(n, seed=0):
 
 def test_greedy_rows_take_argmax_with_logprob_zero():
   logits = jnp.asarray([[0.1, 2.0, -1.0, 0.5], [3.0, 0.0, 0.0, 0.0]], jnp.float32)
-  tok, lp = sampling.sample(logits, jnp.zeros(2), jnp.zeros(2, jnp.int32), jnp.ones(2), _keys(2))
+  tok, lp = _sample(logits, jnp.zeros(2), jnp.zeros(2, jnp.int32), jnp.ones(2), _keys(2))
   np.testing.assert_array_equal(tok, [1, 0])
   np.testing.assert_array_equal(lp, [0.0, 0.0])
 
@@ -24,7 +26,7 @@ def test_logprob_is_under_the_filtered_tempered_distribution():
   top_k = jnp.asarray([0, 5, 0, 3], jnp.int32)
   top_p = jnp.asarray([1.0, 1.0, 0.6, 0.9], jnp.float32)
   for seed in range(5):
-    tok, lp = sampling.sample(logits, temp, top_k, top_p, _keys(4, seed))
+    tok, lp = _sample(logits, temp, top_k, top_p, _keys(4, seed))
     for b in range(4):
       z = np.asarray(logits[b], np.float64) / float(temp[b])
       order = np.argsort(-z)
@@ -41,7 +43,7 @@ def test_logprob_is_under_the_filtered_tempered_distribution():
 
 def test_unfiltered_temperature_one_equals_model_log_softmax():
   logits = jnp.asarray(np.random.default_rng(1).normal(size=(3, 40)), jnp.float32)
-  tok, lp = sampling.sample(logits, jnp.ones(3), jnp.zeros(3, jnp.int32), jnp.ones(3), _keys(3))
+  tok, lp = _sample(logits, jnp.ones(3), jnp.zeros(3, jnp.int32), jnp.ones(3), _keys(3))
   ref = jnp.take_along_axis(jax.nn.log_softmax(logits), tok[:, None], axis=-1)[:, 0]
   np.testing.assert_allclose(lp, ref, atol=1e-6)
 
@@ -51,7 +53,7 @@ def test_same_key_same_draw_regardless_of_neighbours():
   logits = jnp.asarray(rng.normal(size=(3, 64)), jnp.float32)
   keys = _keys(3, 7)
   ones, zk = jnp.ones(3), jnp.zeros(3, jnp.int32)
-  tok, lp = sampling.sample(logits, ones, zk, ones, keys)
+  tok, lp = _sample(logits, ones, zk, ones, keys)
   other = logits.at[1:].set(jnp.asarray(rng.normal(size=(2, 64)), jnp.float32))
-  tok2, lp2 = sampling.sample(other, ones, zk.at[2].set(3), ones.at[1].set(0.5), keys)
+  tok2, lp2 = _sample(other, ones, zk.at[2].set(3), ones.at[1].set(0.5), keys)
   assert int(tok[0]) == int(tok2[0]) and float(lp[0]) == float(lp2[0])

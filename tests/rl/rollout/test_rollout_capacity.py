@@ -1,0 +1,38 @@
+"""Capacity planner: per-sequence decode state and the engine's slot count."""
+from configs import tiny_cpu
+from configs import base
+from models import qwen3_5
+from rl.rollout import capacity
+
+
+def _preset(name):
+  m = base.get_model_config()
+  m.preset = name
+  return qwen3_5.config_from_dict(m)
+
+
+def test_decode_state_of_the_35b_preset():
+  cfg = _preset("qwen3_5_35b_a3b")
+  kv, gdn = capacity.decode_state_bytes(cfg, 160_000, cache_bytes=2)
+  assert kv == 10 * 2 * 2 * 256 * 160_000 * 2          # 10 attention layers of 40, 2 KV heads
+  assert gdn == 30 * (3 * 8192 * 2 + 32 * 128 * 128 * 4)  # conv + f32 recurrent state, any length
+  # Past kv_heads, tensor parallelism stores whole heads on every rank.
+  kv8, _ = capacity.decode_state_bytes(cfg, 160_000, cache_bytes=2, tensor_parallel=8)
+  assert kv8 == 4 * kv
+
+
+def test_report_layouts_are_tabulated():
+  table = capacity.report_table()
+  assert "35B-A3B" in table and "397B-A17B" in table and " 550 " in table and " 300 " in table
+
+
+def test_engine_slots_from_the_planner():
+  c = tiny_cpu.get_config()
+  assert capacity.engine_slots(c) == c.rollout.max_slots  # a tiny model fits thousands
+  c.unlock()
+  c.rollout.capacity.device_memory_gib = 0.01
+  p = capacity.plan_from_config(c)
+  assert 0 < p.per_engine < c.rollout.max_slots
+  assert capacity.engine_slots(c) == p.per_engine
+  c.rollout.slots = 3
+  assert capacity.engine_slots(c) == 3
