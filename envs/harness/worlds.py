@@ -25,8 +25,8 @@ from envs.harness.world import register_exit_hook
 _CRASH_KINDS = ("gateway_crash",)
 _TIMEOUT_KINDS = ("client_timeout",)
 
-# Per-process cache of started worlds: world_id -> (WorldInstance, Gateway). One agent loop
-# per process, so at most one entry is live at a time.
+# Per-process cache of started worlds: world_id -> (WorldInstance, Gateway, tools, gateway
+# pid). One agent loop per process, so at most one entry is live at a time.
 _CACHE: dict[str, tuple[Any, Any]] = {}
 
 
@@ -56,14 +56,13 @@ class GatewayWorldSpec:
     for wid in [w for w in _CACHE if w != task.world_id]:
       _drop(wid)
     if task.world_id in _CACHE:
-      inst, gw = _CACHE.pop(task.world_id)
+      inst, gw, tools, pid = _CACHE.pop(task.world_id)
       try:
         # The gateway may have died since the last episode: check before handing it out.
-        world = GatewayWorld(task, cfg, inst, gw, self.tool_timeout_s)
+        world = GatewayWorld(task, cfg, inst, gw, self.tool_timeout_s, tools, pid)
         if not world._gateway_alive():
           raise WorldCrashed("cached gateway is gone")
         inst.reset(task.input_files)
-        world.tools()
         return world
       except Exception:  # noqa: BLE001 - a broken cached world is replaced below
         _close(inst, gw)
@@ -83,30 +82,27 @@ class GatewayWorldSpec:
 class GatewayWorld:
   """A started world: the gateway's tools, grading against the task's rubric."""
 
-  def __init__(self, task, cfg, inst, gateway, tool_timeout_s: float):
+  def __init__(self, task, cfg, inst, gateway, tool_timeout_s: float, tools=None,
+               pid: int | None = None):
     self.task, self.cfg, self.inst, self.gw = task, cfg, inst, gateway
     self.tool_timeout_s = tool_timeout_s
-    self._tools = None
+    self._tools = tools   # the same world serves the same tools: listed once per gateway
+    self._pid = pid       # the gateway's process id, found once
 
   def _gateway_alive(self) -> bool:
-    """Whether a live child process of ours serves this world's working copy (Linux /proc)."""
-    me, marker = os.getpid(), ("--world_dir\0" + self.inst.path + "\0").encode()
+    """Whether the gateway process serving this working copy is alive (Linux /proc)."""
     if not os.path.isdir("/proc"):
       return True  # cannot tell: trust the gateway's own error kind
-    for d in os.listdir("/proc"):
-      if not d.isdigit():
-        continue
-      try:
-        with open(f"/proc/{d}/stat", "rb") as f:
-          fields = f.read().rsplit(b")", 1)[1].split()
-        if int(fields[1]) != me or fields[0] == b"Z":
-          continue
-        with open(f"/proc/{d}/cmdline", "rb") as f:
-          if marker in f.read():
-            return True
-      except (OSError, IndexError, ValueError):
-        continue
-    return False
+    if self._pid is None:
+      self._pid = _find_child(("--world_dir\0" + self.inst.path + "\0").encode())
+      if self._pid is None:
+        return False
+    try:
+      with open(f"/proc/{self._pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+      return int(fields[1]) == os.getpid() and fields[0] != b"Z"
+    except (OSError, IndexError, ValueError):
+      return False
 
   def tools(self) -> list[dict[str, Any]]:
     if self._tools is None:
@@ -133,9 +129,28 @@ class GatewayWorld:
 
   def close(self, reuse: bool = False) -> None:
     if reuse:
-      _CACHE[self.task.world_id] = (self.inst, self.gw)
+      _CACHE[self.task.world_id] = (self.inst, self.gw, self._tools, self._pid)
     else:
       _close(self.inst, self.gw)
+
+
+def _find_child(marker: bytes) -> int | None:
+  """A live child process of ours whose command line contains `marker`."""
+  me = os.getpid()
+  for d in os.listdir("/proc"):
+    if not d.isdigit():
+      continue
+    try:
+      with open(f"/proc/{d}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+      if int(fields[1]) != me or fields[0] == b"Z":
+        continue
+      with open(f"/proc/{d}/cmdline", "rb") as f:
+        if marker in f.read():
+          return int(d)
+    except (OSError, IndexError, ValueError):
+      continue
+  return None
 
 
 _PREFIX = "harness-"
@@ -178,7 +193,7 @@ def _close(inst, gw) -> None:
 
 
 def _drop(wid: str) -> None:
-  inst, gw = _CACHE.pop(wid)
+  inst, gw = _CACHE.pop(wid)[:2]
   _close(inst, gw)
 
 
