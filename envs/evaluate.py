@@ -19,6 +19,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -96,12 +97,20 @@ def _chunks(task_list, envs_cfg, concurrency):
 
 
 def run_tasks(task_list, envs_cfg, policy: str, transport: str, concurrency: int,
-              worlds_root: str, work_root: str = None) -> list:
-  """Runs scripted episodes; returns [EpisodeOutcome] in task order."""
+              worlds_root: str, work_root: str = None, timing: dict = None) -> list:
+  """Runs scripted episodes; returns [EpisodeOutcome] in task order.
+
+  With `timing` (a dict), every stream waits until all gateways have started, and
+  timing["started"] / timing["done"] get the monotonic times of that moment and of the end:
+  episode throughput without gateway start-up.
+  """
   if transport not in ("mcp", "local"):
     raise ValueError(f"eval.transport must be mcp or local, got {transport!r}")
   own_tmp = work_root is None
   work_root = work_root or tempfile.mkdtemp(prefix="worlds_work_")
+
+  units = _chunks(task_list, envs_cfg, concurrency)
+  barrier = threading.Barrier(min(len(units), max(1, concurrency))) if timing is not None else None
 
   def unit_fn(args):
     ui, unit = args
@@ -115,9 +124,17 @@ def run_tasks(task_list, envs_cfg, policy: str, transport: str, concurrency: int
               else gateway_lib.LocalGateway(inst.path, envs_cfg))
       except Exception as e:  # noqa: BLE001 - every start failure is counted, not raised
         print(f"gateway start failed for {wid}: {type(e).__name__}: {e}", file=sys.stderr)
+        if barrier is not None:
+          barrier.abort()
         return [EpisodeOutcome(t.id, t.domain, t.level, 0.0, False, ["gateway_start"], 0, 0.0, [])
                 for t in unit]
       with gw:
+        if barrier is not None and ui < barrier.parties:
+          try:
+            if barrier.wait() == 0:
+              timing["started"] = time.monotonic()
+          except threading.BrokenBarrierError:  # another stream failed to start
+            pass
         for t in unit:
           try:
             out.append(run_episode(t, gw, inst, envs_cfg, policy))
@@ -129,10 +146,11 @@ def run_tasks(task_list, envs_cfg, policy: str, transport: str, concurrency: int
       inst.close()
     return out
 
-  units = _chunks(task_list, envs_cfg, concurrency)
   try:
     with concurrent.futures.ThreadPoolExecutor(max(1, concurrency)) as ex:
       results = [o for outs in ex.map(unit_fn, enumerate(units)) for o in outs]
+    if timing is not None:
+      timing["done"] = time.monotonic()
   finally:
     if own_tmp:
       shutil.rmtree(work_root, ignore_errors=True)
