@@ -121,7 +121,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.envs.entities_per_world = 8      # companies / units / counterparties that tasks ask about
   c.envs.distractor_entities_per_world = 4  # same kinds of files, never asked about
   c.envs.people_per_world = 8        # colleagues with mailboxes and chat handles
-  c.envs.note_files_per_world = 60   # cheap distractor files (drafts, notes, exports) per world
+  c.envs.note_files_per_world = 125  # cheap distractor files (drafts, notes, exports); ~166 files a world as in APEX
   c.envs.generation_workers = 2      # processes rendering worlds in parallel
   c.envs.train_tasks = 1928          # train split size (spread evenly over domains)
   c.envs.eval_tasks_per_domain = 160  # eval split = 3 x this
