@@ -66,6 +66,7 @@ def test_world_count_and_contents(envs_cfg, worlds_root):
     assert exts[".pdf"] == n_ent and exts[".docx"] == n_ent and exts[".pptx"] == 1
     assert exts[".xlsx"] == n_ent + 1  # + the summary workbook
     assert {"apps/mail.json", "apps/chat.json", "apps/calendar.json"} <= set(files)
+    assert len(files) == 3 * n_ent + 2 + envs_cfg.note_files_per_world + 3
   # The spec (answers) never lands inside a world.
   any_spec = next(iter(specs.values()))
   for f in _all_files(os.path.join(worlds_root, any_spec["world_id"], "files")):
