@@ -174,7 +174,6 @@ def summarize(outcomes: list) -> dict:
 
 
 def main(config, flags=None):
-  del flags
   policy = config.policy
   if policy not in POLICIES:
     raise ValueError(f"config.policy must be one of {POLICIES}, got {policy!r}")
@@ -185,7 +184,7 @@ def main(config, flags=None):
       raise NotImplementedError(
           "config.policy=model runs a served policy through the agent harness: it needs "
           "envs.harness.evaluate.main(config, flags), which this checkout does not have") from e
-    return harness_evaluate.main(config, None)
+    return harness_evaluate.main(config, flags)
   envs_cfg = config.envs
   t0 = time.monotonic()
   root = worlds.ensure_worlds(envs_cfg)
