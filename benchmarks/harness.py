@@ -91,6 +91,7 @@ def main():
   c = tiny_cpu.get_config()
   c.train.max_context = 16384
   c.harness.max_tokens_per_turn = 1024
+  c.harness.max_turns = 20
   root = args.worlds_root or tempfile.mkdtemp(prefix="bench_worlds_")
   c.envs.worlds_root = root
   wids = args.worlds.split(",")

@@ -30,6 +30,7 @@ def _config(tmp_root):
   c.envs.worlds_root = str(tmp_root)
   c.train.max_context = 16384
   c.harness.max_tokens_per_turn = 1024
+  c.harness.max_turns = 20           # the longest oracle plan has a handful of steps
   c.harness.num_workers = 2
   return c
 
