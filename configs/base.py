@@ -41,6 +41,7 @@ def get_model_config() -> ml_collections.ConfigDict:
   m.initializer_range = 0.02         # std of the random init
   m.scan_layers = True               # scan over the repeating layer cycle (compile time flat in depth)
   m.remat = "none"                   # activation checkpointing per cycle: none | full
+  m.attention_query_chunk = 0        # >0: attend in blocks of this many queries (memory O(chunk*seq)); 0 = one block
   return m
 
 

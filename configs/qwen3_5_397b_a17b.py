@@ -19,6 +19,7 @@ def get_config(arg=None):
   c.model.param_dtype = "float32"
   c.model.dtype = "bfloat16"
   c.model.remat = "full"
+  c.model.attention_query_chunk = 2048   # scores memory O(2048 * seq) rather than O(seq^2)
 
   c.mesh.shape = (1, 8, 8, 1)        # data, fsdp, expert, tensor = 64 devices
 

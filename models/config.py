@@ -45,6 +45,7 @@ class ModelConfig:
   initializer_range: float
   scan_layers: bool
   remat: str
+  attention_query_chunk: int = 0
 
   def __post_init__(self):
     if len(self.layer_types) != self.num_hidden_layers:
@@ -174,6 +175,7 @@ def from_hf_dict(d: Mapping[str, Any], *, dtype: str = "float32", **overrides) -
       initializer_range=text.get("initializer_range", 0.02),
       scan_layers=True,
       remat="none",
+      attention_query_chunk=0,
   )
   kw.update(overrides)
   return ModelConfig(**kw)

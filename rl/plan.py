@@ -11,7 +11,7 @@ is allocated and no device of that size needs to exist: it runs on a laptop CPU.
 The activation estimate is analytic (an upper-bound style model of the current
 implementation, not a compiler measurement): saved layer inputs under the configured remat,
 the working set of one recomputed layer cycle, the attention score matrices (the attention
-layers materialise [heads, seq, seq] scores in float32) and the float32 logits of the LM
+layers hold [heads, chunk or seq, seq] float32 scores per block) and the float32 logits of the LM
 head. It is printed per micro-batch for several sequence lengths.
 """
 from __future__ import annotations
@@ -122,7 +122,9 @@ def activation_bytes(mc, seq: int, rows: float, tensor_ways: int) -> dict:
     working = cycle_ws
     scores_layers = n_attn
   heads_dev = max(mc.num_attention_heads // tensor_ways, 1)
-  scores = scores_layers * rows * heads_dev * seq * seq * 4 * 2   # f32 logits + probs
+  # Query-chunked attention holds one [chunk, seq] block of scores at a time.
+  q_block = mc.attention_query_chunk if 0 < mc.attention_query_chunk < seq else seq
+  scores = scores_layers * rows * heads_dev * q_block * seq * 4 * 2   # f32 logits + probs
   logits = tok * mc.vocab_size / tensor_ways * 4 * 3                # f32 logits, log-softmax, grad
   return {"saved": saved, "working": working, "attn_scores": scores, "logits": logits,
           "total": saved + working + scores + logits}

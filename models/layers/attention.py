@@ -76,6 +76,28 @@ def _attend(q, k, v, mask, cfg: ModelConfig):
   return out.reshape(b, t, nh, hd)
 
 
+def _attend_query_chunks(q, k, v, chunk: int, cfg: ModelConfig):
+  """Causal attention one block of `chunk` queries at a time, each block rematerialised.
+
+  Peak score memory is [batch, heads, chunk, seq] instead of [batch, heads, seq, seq], in the
+  forward and the backward pass alike; the result is the same softmax, computed exactly.
+  """
+  b, t, nh, hd = q.shape
+  n = -(-t // chunk)
+  q = jnp.pad(q, [(0, 0), (0, n * chunk - t), (0, 0), (0, 0)])
+  q_blocks = jnp.moveaxis(q.reshape(b, n, chunk, nh, hd), 1, 0)
+  starts = jnp.arange(n) * chunk
+
+  @jax.checkpoint
+  def block(args):
+    q_i, start = args
+    mask = (start + jnp.arange(chunk))[:, None] >= jnp.arange(t)[None, :]
+    return _attend(q_i, k, v, mask[None], cfg)
+
+  out = jax.lax.map(block, (q_blocks, starts))
+  return jnp.moveaxis(out, 0, 1).reshape(b, n * chunk, nh, hd)[:, :t]
+
+
 def _output(p, out, gate, cfg: ModelConfig):
   out = out * jax.nn.sigmoid(gate)
   return jnp.einsum("bshd,hde->bse", out, p["o_proj"].astype(cfg.jnp_dtype))
@@ -94,8 +116,12 @@ def forward(p, x, positions, cfg: ModelConfig, cache=None):
   """
   q, gate, k, v = _project(p, x, positions, cfg)
   t = x.shape[1]
-  causal = jnp.tril(jnp.ones((t, t), dtype=bool))[None]
-  out = _attend(q, k, v, causal, cfg)
+  chunk = cfg.attention_query_chunk
+  if chunk and t > chunk:
+    out = _attend_query_chunks(q, k, v, chunk, cfg)
+  else:
+    causal = jnp.tril(jnp.ones((t, t), dtype=bool))[None]
+    out = _attend(q, k, v, causal, cfg)
   if cache is not None:
     cache = {
         "k": jax.lax.dynamic_update_slice_in_dim(cache["k"], k.astype(cache["k"].dtype), 0, axis=1),

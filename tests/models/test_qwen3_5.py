@@ -210,3 +210,19 @@ def test_corrupt_shard_is_reported(saved):
     fh.truncate(os.path.getsize(f) // 2)
   with pytest.raises(hf_io.CheckpointError):
     qwen3_5.load_hf(path)
+
+
+def test_query_chunked_attention_matches_one_block(model):
+  cfg, params = model
+  tokens = jnp.asarray(np.random.default_rng(4).integers(0, cfg.vocab_size, (2, 45)), jnp.int32)
+  chunked = cfg.replace(attention_query_chunk=16)  # 45 = 2 full blocks + a padded one
+
+  def loss(c, p):
+    return jnp.sum(jnp.sin(qwen3_5.forward(c, p, tokens)))
+
+  np.testing.assert_allclose(qwen3_5.forward(chunked, params, tokens),
+                             qwen3_5.forward(cfg, params, tokens), atol=1e-5)
+  g_chunked = jax.grad(lambda p: loss(chunked, p))(params)
+  g_ref = jax.grad(lambda p: loss(cfg, p))(params)
+  for a, b in zip(jax.tree.leaves(g_chunked), jax.tree.leaves(g_ref)):
+    np.testing.assert_allclose(a, b, atol=1e-5 * max(1.0, float(jnp.abs(b).max())))
