@@ -43,6 +43,7 @@ class EpisodeOutcome:
   tool_calls: int
   wall_s: float
   criteria: list          # [(description, passed)]
+  detail: str = ""        # what went wrong first (tool name and the head of its output)
 
 
 def scripted_actions(task, policy: str):
@@ -64,15 +65,20 @@ def run_episode(task, gw, inst: worldstate.WorldInstance, envs_cfg, policy: str)
   """One episode of a scripted policy on an open gateway whose world is `inst`."""
   t0 = time.monotonic()
   inst.reset(task.input_files)
-  errors = []
+  errors, detail = [], ""
   steps, answer = scripted_actions(task, policy)
   for name, args, expect in steps:
     r = gw.call_tool(name, args, timeout=envs_cfg.client_timeout_s)
     if r.is_error:
       errors.append(f"tool:{r.error_kind}")
-      continue
-    if any(not _expect_ok(r.text, e, envs_cfg) for e in expect):
+    elif name == "code_execution_run_python" and not r.text.startswith("status: ok"):
+      # e.g. "status: timeout": the sandbox stopped the run; name the limit, not the oracle.
+      errors.append("sandbox:" + r.text.split()[1])
+    elif any(not _expect_ok(r.text, e, envs_cfg) for e in expect):
       errors.append("oracle_expectation")
+    else:
+      continue
+    detail = detail or f"{name}: {r.text[:300]}"
   try:
     g = rubric.grade(task, answer, inst.pristine, inst.path, envs_cfg)
   except Exception:  # a grading bug must show up as an error, not end the run
@@ -80,7 +86,8 @@ def run_episode(task, gw, inst: worldstate.WorldInstance, envs_cfg, policy: str)
     errors.append("grade_error")
     g = rubric.GradeResult(0.0, False, [])
   return EpisodeOutcome(task.id, task.domain, task.level, g.reward, g.passed, errors, len(steps),
-                        time.monotonic() - t0, [(r.description, r.passed) for r in g.results])
+                        time.monotonic() - t0, [(r.description, r.passed) for r in g.results],
+                        detail)
 
 
 def _chunks(task_list, envs_cfg, concurrency):

@@ -258,6 +258,9 @@ def test_full_splits_through_real_mcp(envs_cfg, worlds_root, splits):
       outs = evaluate.run_tasks(ts, envs_cfg, policy, "mcp", 4, worlds_root)
       s = evaluate.summarize(outs)
       print(split, policy, json.dumps(s))
+      for o in outs:
+        if o.errors:
+          print("  ", o.task_id, o.errors, o.detail)
       assert len(outs) == len(ts)
       for d, v in s["by_domain"].items():
         assert v["pass_at_1"] == want, (split, policy, d, v)
