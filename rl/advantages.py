@@ -26,29 +26,14 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from rl import registry
+
 AdvantageFn = Callable[[jax.Array, jax.Array, jax.Array, ml_collections.ConfigDict], jax.Array]
 
-_ESTIMATORS: dict[str, AdvantageFn] = {}
-
-
-def register_advantage_estimator(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-  """Decorator: registers `fn` under `name` (an error if the name is taken)."""
-  def wrap(fn: AdvantageFn) -> AdvantageFn:
-    if name in _ESTIMATORS:
-      raise ValueError(f"advantage estimator {name!r} is already registered")
-    _ESTIMATORS[name] = fn
-    return fn
-  return wrap
-
-
-def get_advantage_estimator(name: str) -> AdvantageFn:
-  if name not in _ESTIMATORS:
-    raise ValueError(f"unknown advantage estimator {name!r}; available: {sorted(_ESTIMATORS)}")
-  return _ESTIMATORS[name]
-
-
-def available_advantage_estimators() -> list[str]:
-  return sorted(_ESTIMATORS)
+_ESTIMATORS: registry.Registry[AdvantageFn] = registry.Registry("advantage estimator")
+register_advantage_estimator = _ESTIMATORS.register
+get_advantage_estimator = _ESTIMATORS.get
+available_advantage_estimators = _ESTIMATORS.names
 
 
 def _same_group(group_ids: jax.Array, valid: jax.Array) -> jax.Array:

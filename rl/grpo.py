@@ -28,22 +28,13 @@ from typing import Any, Callable, Optional
 import jax
 import jax.numpy as jnp
 
+from rl import registry
+
 WeightFn = Callable[[jax.Array, jax.Array, Optional[int]], jax.Array]
 
-_REDUCTIONS: dict[str, WeightFn] = {}
-
-
-def register_loss_reduction(name: str) -> Callable[[WeightFn], WeightFn]:
-  def wrap(fn: WeightFn) -> WeightFn:
-    if name in _REDUCTIONS:
-      raise ValueError(f"loss reduction {name!r} is already registered")
-    _REDUCTIONS[name] = fn
-    return fn
-  return wrap
-
-
-def available_loss_reductions() -> list[str]:
-  return sorted(_REDUCTIONS)
+_REDUCTIONS: registry.Registry[WeightFn] = registry.Registry("loss reduction")
+register_loss_reduction = _REDUCTIONS.register
+available_loss_reductions = _REDUCTIONS.names
 
 
 def reduction_weights(loss_mask: jax.Array, group_ids: jax.Array, mode: str,
@@ -56,9 +47,7 @@ def reduction_weights(loss_mask: jax.Array, group_ids: jax.Array, mode: str,
     mode: a registered reduction name.
     max_seq_len: the constant of seq_mean_token_sum_norm (default: seq).
   """
-  if mode not in _REDUCTIONS:
-    raise ValueError(f"unknown loss reduction {mode!r}; available: {available_loss_reductions()}")
-  return _REDUCTIONS[mode](loss_mask.astype(jnp.float32), group_ids, max_seq_len)
+  return _REDUCTIONS.get(mode)(loss_mask.astype(jnp.float32), group_ids, max_seq_len)
 
 
 def reduce_loss(token_loss: jax.Array, loss_mask: jax.Array, group_ids: jax.Array, mode: str,

@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from rl import registry
+
 _LOG_RATIO_CLAMP = 20.0
 
 
@@ -40,26 +42,10 @@ class PolicyInputs:
 PolicyLossFn = Callable[[PolicyInputs, ml_collections.ConfigDict],
                         tuple[jax.Array, dict[str, jax.Array]]]
 
-_LOSSES: dict[str, PolicyLossFn] = {}
-
-
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-  def wrap(fn: PolicyLossFn) -> PolicyLossFn:
-    if name in _LOSSES:
-      raise ValueError(f"policy loss {name!r} is already registered")
-    _LOSSES[name] = fn
-    return fn
-  return wrap
-
-
-def get_policy_loss(name: str) -> PolicyLossFn:
-  if name not in _LOSSES:
-    raise ValueError(f"unknown policy loss {name!r}; available: {sorted(_LOSSES)}")
-  return _LOSSES[name]
-
-
-def available_policy_losses() -> list[str]:
-  return sorted(_LOSSES)
+_LOSSES: registry.Registry[PolicyLossFn] = registry.Registry("policy loss")
+register_policy_loss = _LOSSES.register
+get_policy_loss = _LOSSES.get
+available_policy_losses = _LOSSES.names
 
 
 def _ratio(logp, ref_logp):
