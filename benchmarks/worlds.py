@@ -7,6 +7,7 @@ each concurrent episode stream holding its own gateway process and world working
 """
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -39,6 +40,13 @@ def main():
   args = ap.parse_args()
   cfg = base.get_config().envs
   tmp = tempfile.mkdtemp(prefix="bench_worlds_")
+  try:
+    _bench(args, cfg, tmp)
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _bench(args, cfg, tmp):
   print(f"cpus: {os.cpu_count()}  sandbox isolation: {sandbox.isolation(cfg.sandbox)}")
 
   # 1. World generation (all worlds, generation_workers processes) and one world alone.
