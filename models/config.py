@@ -46,6 +46,7 @@ class ModelConfig:
   scan_layers: bool
   remat: str
   attention_query_chunk: int = 0
+  logits_chunk: int = 0
 
   def __post_init__(self):
     if len(self.layer_types) != self.num_hidden_layers:
@@ -176,6 +177,7 @@ def from_hf_dict(d: Mapping[str, Any], *, dtype: str = "float32", **overrides) -
       scan_layers=True,
       remat="none",
       attention_query_chunk=0,
+      logits_chunk=0,
   )
   kw.update(overrides)
   return ModelConfig(**kw)

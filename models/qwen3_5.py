@@ -36,6 +36,7 @@ from models.layers import norm
 
 __all__ = [
     "ModelConfig", "init_params", "param_axes", "forward", "forward_hidden", "logits_from_hidden",
+    "token_logprobs",
     "init_cache", "prefill", "decode_step", "cache_insert", "count_params", "load_hf", "save_hf",
 ]
 
@@ -153,6 +154,37 @@ def logits_from_hidden(cfg: ModelConfig, params, hidden):
   w = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
   return jnp.dot(hidden.astype(cfg.jnp_dtype), w.astype(cfg.jnp_dtype),
                  preferred_element_type=jnp.float32)
+
+
+def token_logprobs(cfg: ModelConfig, params, hidden, targets, temperature: float = 1.0):
+  """Log-probability and entropy of `targets` under the LM head, position by position.
+
+  Args:
+    hidden: [batch, seq, embed] final-normed hidden states (`forward_hidden`).
+    targets: [batch, seq] int32, the token each position predicts.
+  Returns:
+    (logprobs [batch, seq] f32, entropy [batch, seq] f32) of softmax(logits / temperature).
+
+  With `cfg.logits_chunk > 0` the vocabulary-sized logits exist for one block of positions at
+  a time (rematerialised in the backward pass): at 248k tokens of vocabulary they would
+  otherwise be the largest activation of a long-context step.
+  """
+  def block(h, y):
+    logp = jax.nn.log_softmax(logits_from_hidden(cfg, params, h) / temperature, axis=-1)
+    picked = jnp.take_along_axis(logp, y[..., None], axis=-1)[..., 0]
+    return picked, -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+
+  b, t = targets.shape
+  chunk = cfg.logits_chunk
+  if not chunk or t <= chunk:
+    return block(hidden, targets)
+  n = -(-t // chunk)
+  pad = n * chunk - t
+  h = jnp.pad(hidden, [(0, 0), (0, pad), (0, 0)]).reshape(b, n, chunk, -1)
+  y = jnp.pad(targets, [(0, 0), (0, pad)]).reshape(b, n, chunk)
+  lp, ent = jax.lax.map(jax.checkpoint(lambda a: block(*a)), (jnp.moveaxis(h, 1, 0), jnp.moveaxis(y, 1, 0)))
+  unblock = lambda x: jnp.moveaxis(x, 0, 1).reshape(b, n * chunk)[:, :t]
+  return unblock(lp), unblock(ent)
 
 
 def forward(cfg: ModelConfig, params, tokens, *, return_router_logits: bool = False):

@@ -125,7 +125,9 @@ def activation_bytes(mc, seq: int, rows: float, tensor_ways: int) -> dict:
   # Query-chunked attention holds one [chunk, seq] block of scores at a time.
   q_block = mc.attention_query_chunk if 0 < mc.attention_query_chunk < seq else seq
   scores = scores_layers * rows * heads_dev * q_block * seq * 4 * 2   # f32 logits + probs
-  logits = tok * mc.vocab_size / tensor_ways * 4 * 3                # f32 logits, log-softmax, grad
+  # f32 logits, log-softmax and their grad, for logits_chunk positions of each row at a time.
+  logit_rows = rows * (mc.logits_chunk if 0 < mc.logits_chunk < seq else seq)
+  logits = logit_rows * mc.vocab_size / tensor_ways * 4 * 3
   return {"saved": saved, "working": working, "attn_scores": scores, "logits": logits,
           "total": saved + working + scores + logits}
 

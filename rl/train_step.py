@@ -86,10 +86,7 @@ def token_logprobs(model_cfg, params, tokens, temperature: float, with_router: b
   the router logits when `with_router` (tuple over cycle positions, see models.qwen3_5).
   """
   hidden, router = qwen3_5.forward_hidden(model_cfg, params, tokens)
-  logits = qwen3_5.logits_from_hidden(model_cfg, params, hidden[:, :-1]) / temperature
-  logp_all = jax.nn.log_softmax(logits, axis=-1)
-  lp = jnp.take_along_axis(logp_all, tokens[:, 1:, None], axis=-1)[..., 0]
-  ent = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+  lp, ent = qwen3_5.token_logprobs(model_cfg, params, hidden[:, :-1], tokens[:, 1:], temperature)
   pad = jnp.zeros((tokens.shape[0], 1), jnp.float32)
   lp = jnp.concatenate([pad, lp], axis=1)
   ent = jnp.concatenate([pad, jax.lax.stop_gradient(ent)], axis=1)

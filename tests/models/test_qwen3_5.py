@@ -226,3 +226,23 @@ def test_query_chunked_attention_matches_one_block(model):
   g_ref = jax.grad(lambda p: loss(cfg, p))(params)
   for a, b in zip(jax.tree.leaves(g_chunked), jax.tree.leaves(g_ref)):
     np.testing.assert_allclose(a, b, atol=1e-5 * max(1.0, float(jnp.abs(b).max())))
+
+
+def test_chunked_token_logprobs_match_full_logits(model):
+  cfg, params = model
+  tokens = jnp.asarray(np.random.default_rng(5).integers(0, cfg.vocab_size, (2, 37)), jnp.int32)
+  chunked = cfg.replace(logits_chunk=8)
+
+  def f(c, p):
+    hidden, _ = qwen3_5.forward_hidden(c, p, tokens)
+    return qwen3_5.token_logprobs(c, p, hidden[:, :-1], tokens[:, 1:], temperature=0.7)
+
+  lp, ent = f(chunked, params)
+  ref_logp = jax.nn.log_softmax(qwen3_5.forward(cfg, params, tokens)[:, :-1] / 0.7)
+  np.testing.assert_allclose(lp, jnp.take_along_axis(ref_logp, tokens[:, 1:, None], -1)[..., 0],
+                             atol=1e-5)
+  np.testing.assert_allclose(ent, -jnp.sum(jnp.exp(ref_logp) * ref_logp, -1), atol=1e-4)
+  g = jax.grad(lambda p: jnp.sum(f(chunked, p)[0]))(params)
+  g_ref = jax.grad(lambda p: jnp.sum(f(cfg, p)[0]))(params)
+  for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
+    np.testing.assert_allclose(a, b, atol=1e-5 * max(1.0, float(jnp.abs(b).max())))
