@@ -1,6 +1,8 @@
 """One entry point: --mode = model | sft | rl | eval | serve | plan.
 
   python launch.py --config=configs/tiny_cpu.py --config.model.hidden_size=128 --mode=model
+  python launch.py --config=configs/tiny_cpu.py --mode=rl            # SFT warm start, then RL
+  python launch.py --config=configs/tiny_cpu.py --mode=rl --sweep=configs/sweeps/loss_reduction.py [--dry_run]
 
 Configs are ml_collections files with a `get_config(arg)`; any field can be overridden from the
 command line, and an unknown key is an error naming it.
@@ -18,6 +20,10 @@ _CONFIG = config_flags.DEFINE_config_file(
 _MODE = flags.DEFINE_enum(
     "mode", "model", ["model", "sft", "rl", "eval", "serve", "plan"], "What to run.")
 _PORT = flags.DEFINE_integer("port", 9000, "gRPC port for --mode=serve.")
+_SWEEP = flags.DEFINE_string(
+    "sweep", None, "Sweep file (configs/sweeps/X.py[:arg]) whose get_sweep() lists override "
+    "dicts: runs --mode once per dict, then writes a comparison table.")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "With --sweep: print the jobs, run nothing.")
 
 # mode -> "module:function"; each takes (config, flags) and is imported lazily so that a
 # mode's heavy dependencies (JetStream, worlds) load only when that mode runs.
@@ -42,6 +48,10 @@ def _maybe_initialize_distributed():
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if _SWEEP.value:
+    from rl import sweep  # pylint: disable=g-import-not-at-top
+    sweep.run_sweep(_SWEEP.value, _CONFIG.value, _MODE.value, sys.argv, dry_run=_DRY_RUN.value)
+    return
   _maybe_initialize_distributed()
   module_name, fn_name = _MODES[_MODE.value].split(":")
   try:

@@ -247,4 +247,26 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.capacity.weight_bytes = 0  # bytes per weight; 0 = from model.param_dtype
   c.rollout.capacity.cache_bytes = 0  # bytes per KV / conv element; 0 = from cache_dtype / model.dtype
   c.rollout.capacity.reserve_gib = 0.0  # per-engine workspace held back (activations, compiler scratch)
+
+  # SFT warm start (rl/loop.py, --mode=sft): the oracle's trajectories, loss on assistant tokens.
+  c.sft = ml_collections.ConfigDict()
+  c.sft.steps = 0                    # optimizer steps of the warm start; 0 = no SFT before RL
+  c.sft.batch_size = 8               # trajectories per SFT step
+  c.sft.lr = 1e-5                    # peak learning rate (AdamW; other optim.* knobs shared)
+  c.sft.warmup_steps = 10            # linear warmup, then cosine to 10% of lr
+  c.sft.max_tasks = 0                # oracle trajectories collected from the first N train tasks; 0 = all
+  c.sft.levels = (1, 2, 3)           # task levels of the SFT data
+
+  # The RL loop (rl/loop.py, --mode=rl): rollouts -> train step -> weight sync -> eval.
+  c.loop = ml_collections.ConfigDict()
+  c.loop.levels = (1, 2, 3)          # task levels sampled for training (train split)
+  c.loop.tools = ()                  # tools shown to the policy; () = every tool of the world
+  c.loop.sft_first = True            # --mode=rl starts from the SFT checkpoint, training it first if missing
+  c.loop.eval_every = 0              # RL steps between held-out evals; 0 = only before and after RL
+  c.loop.eval_levels = (1, 2, 3)     # task levels of the held-out eval (eval split)
+  c.loop.eval_max_tasks = 0          # held-out eval on the first N tasks of those levels; 0 = all
+  c.loop.eval_samples = 1            # samples per eval task (pass@1 averages over them)
+  c.loop.bootstrap = 2000            # bootstrap resamples of the 95% intervals
+  c.loop.progress = True             # tqdm progress bars with ETA on the console
+  c.loop.tensorboard = True          # also write metrics as TensorBoard events (JSONL always)
   return c

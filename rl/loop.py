@@ -1,0 +1,518 @@
+"""The training loops behind `launch.py --mode=sft` and `--mode=rl`.
+
+  SFT warm start   oracle episodes of the train split through the real harness (worlds, MCP
+                   gateways, chat format) -> padded batches -> cross-entropy on the sampled
+                   (assistant) tokens only -> params checkpointed (orbax) under runs/<name>/sft.
+  RL (GRPO)        a JetStream rollout server in this process holds the policy; an agent pool
+                   (one process per agent loop) runs G episodes per task against it through
+                   the token-in/token-out client; rewards, group masking, one train step,
+                   weight sync to the server; checkpoints of the whole state plus the data
+                   position, so a killed run resumes where its last checkpoint left it.
+  Held-out eval    pass@1 and mean reward on the eval split (levels and size from
+                   config.loop), with 95% bootstrap intervals over tasks, before RL (after SFT)
+                   and after RL; written to runs/<name>/summary.json.
+
+Metrics go to runs/<name>/metrics.jsonl and TensorBoard (runs/<name>/tb); the console shows
+progress bars with ETA. Everything is synchronous: rollouts of step k use the params of step k.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+
+# ----------------------------------------------------------------------------- worlds
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolSubsetSpec:
+  """A world spec whose started world shows only `tools` (all when empty).
+
+  The small setups have no use for most of the 24 tools, and each one costs a few hundred
+  tokens of system prompt in every trajectory; a call to a hidden tool is an unknown-tool
+  error like any other. Picklable, so it travels to the agent processes.
+  """
+  inner: Any
+  tools: tuple = ()
+
+  def start(self):
+    world = self.inner.start()
+    return _ToolSubsetWorld(world, self.tools) if self.tools else world
+
+
+class _ToolSubsetWorld:
+
+  def __init__(self, world, names):
+    self._w, self._names = world, set(names)
+
+  def tools(self):
+    out = [t for t in self._w.tools() if t.get("function", t)["name"] in self._names]
+    missing = self._names - {t.get("function", t)["name"] for t in out}
+    if missing:
+      raise ValueError(f"config.loop.tools names tools this world does not have: {sorted(missing)}")
+    return out
+
+  def call_tool(self, name, arguments):
+    return self._w.call_tool(name, arguments)
+
+  def grade(self, final_answer):
+    return self._w.grade(final_answer)
+
+  def close(self, reuse: bool = False):
+    return self._w.close(reuse=reuse)
+
+
+def select_tasks(config, split: str, levels: Sequence[int], max_tasks: int = 0) -> list:
+  """The tasks of `split` whose level is in `levels`, in the split's fixed order."""
+  from envs import tasks as tasks_lib
+  out = [t for t in tasks_lib.load_split(config.envs, split) if t.level in tuple(levels)]
+  return out[:max_tasks] if max_tasks else out
+
+
+def make_episodes(tasks, config, samples_per_task: int = 1, first_group: int = 0,
+                  seed_offset: int = 0) -> list:
+  """Harness episodes for `tasks` (one group per task), worlds restricted to loop.tools."""
+  from envs.harness.worlds import task_episodes
+  eps = task_episodes(tasks, config, samples_per_task, first_group,
+                      worlds_root=config.envs.worlds_root)
+  tools = tuple(config.loop.tools)
+  return [dataclasses.replace(e, world=ToolSubsetSpec(e.world, tools),
+                              seed=e.seed + seed_offset) for e in eps]
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def bootstrap_ci(per_task: np.ndarray, resamples: int, seed: int = 0, level: float = 0.95):
+  """Percentile bootstrap interval of the mean over tasks (rows = tasks, resampled whole)."""
+  x = np.asarray(per_task, np.float64)
+  if x.size == 0:
+    return [0.0, 0.0]
+  rng = np.random.default_rng(seed)
+  idx = rng.integers(0, len(x), size=(resamples, len(x)))
+  means = x[idx].mean(axis=1)
+  a = (1.0 - level) / 2.0
+  return [float(np.quantile(means, a)), float(np.quantile(means, 1.0 - a))]
+
+
+def summarize_eval(results, tasks, resamples: int, seed: int = 0) -> dict:
+  """pass@1 and mean reward over tasks (samples of a task averaged first), with 95% CIs."""
+  by_task: dict[str, list] = {t.id: [] for t in tasks}
+  for r in results:
+    by_task.setdefault(r.task_id, []).append(r)
+  rows = [v for v in by_task.values() if v]
+  passed = np.array([np.mean([r.passed for r in v]) for v in rows])
+  reward = np.array([np.mean([r.reward for r in v]) for v in rows])
+  outcomes: dict[str, int] = {}
+  for r in results:
+    outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
+  return {"n_tasks": len(rows), "n_episodes": len(results),
+          "pass_at_1": float(passed.mean()) if len(rows) else 0.0,
+          "pass_at_1_ci95": bootstrap_ci(passed, resamples, seed),
+          "mean_reward": float(reward.mean()) if len(rows) else 0.0,
+          "mean_reward_ci95": bootstrap_ci(reward, resamples, seed + 1),
+          "outcomes": outcomes}
+
+
+# ----------------------------------------------------------------------------- logging
+
+
+class Metrics:
+  """JSONL (always) and TensorBoard (config.loop.tensorboard) under the run directory."""
+
+  def __init__(self, run_dir: str, tensorboard: bool):
+    os.makedirs(run_dir, exist_ok=True)
+    self._f = open(os.path.join(run_dir, "metrics.jsonl"), "a", encoding="utf-8")
+    self._tb = None
+    if tensorboard:
+      try:
+        from tensorboardX import SummaryWriter
+        self._tb = SummaryWriter(os.path.join(run_dir, "tb"))
+      except ImportError:  # TensorBoard is optional; the JSONL has everything
+        self._tb = None
+
+  def write(self, step: int, phase: str, metrics: dict) -> None:
+    flat = {k: float(v) for k, v in metrics.items() if np.ndim(v) == 0 and _is_num(v)}
+    self._f.write(json.dumps({"step": int(step), "phase": phase, "time": time.time(), **flat})
+                  + "\n")
+    self._f.flush()
+    if self._tb is not None:
+      for k, v in flat.items():
+        self._tb.add_scalar(f"{phase}/{k}", v, step)
+      self._tb.flush()
+
+  def close(self):
+    self._f.close()
+    if self._tb is not None:
+      self._tb.close()
+
+
+def _is_num(v) -> bool:
+  try:
+    float(v)
+    return True
+  except (TypeError, ValueError):
+    return False
+
+
+def _bar(config, total: int, desc: str):
+  from tqdm import tqdm
+  return tqdm(total=total, desc=desc, disable=not config.loop.progress, dynamic_ncols=True,
+              leave=True)
+
+
+def run_dir(config) -> str:
+  return os.path.join(config.workdir, config.name)
+
+
+# ----------------------------------------------------------------------------- rollouts
+
+
+def run_pool(pool, episodes, config, desc: str):
+  """pool.run in chunks so the progress bar moves; results in episode order."""
+  out = []
+  chunk = max(int(config.harness.num_workers) * 2, 1)
+  with _bar(config, len(episodes), desc) as bar:
+    for i in range(0, len(episodes), chunk):
+      res = pool.run(episodes[i:i + chunk])
+      out.extend(res)
+      bar.update(len(res))
+      bar.set_postfix(pass_rate=f"{np.mean([r.passed for r in out]):.3f}")
+  return out
+
+
+def collect_oracle(config, tasks) -> list:
+  """The oracle's episodes on `tasks` through the real harness and worlds."""
+  from envs.harness.oracle import oracle_factory
+  from envs.harness.pool import AgentPool
+  eps = make_episodes(tasks, config)
+  with AgentPool.from_config(config, oracle_factory([t.to_json() for t in tasks])) as pool:
+    return run_pool(pool, eps, config, "oracle episodes")
+
+
+# ----------------------------------------------------------------------------- SFT
+
+
+def sft_loss(model_cfg, params, batch):
+  """Mean cross-entropy of the assistant (sampled) tokens: -sum(mask * logp) / sum(mask)."""
+  from rl.train_step import token_logprobs
+  lp, _ = token_logprobs(model_cfg, params, batch["tokens"], 1.0)
+  mask = batch["loss_mask"].astype(lp.dtype)
+  import jax.numpy as jnp
+  return -(lp * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+
+def sft_optimizer(config):
+  from rl.train_step import make_optimizer
+  optim = config.optim.copy_and_resolve_references()
+  with optim.unlocked():
+    optim.lr = config.sft.lr
+    optim.warmup_steps = config.sft.warmup_steps
+    optim.schedule = "cosine"
+    optim.min_lr_ratio = 0.1
+    optim.decay_steps = 0
+  return make_optimizer(optim, config.sft.steps)
+
+
+def sft_train(config, data: dict, params, metrics: Optional[Metrics] = None):
+  """config.sft.steps AdamW steps of `sft_loss` over shuffled rows of `data`; returns params."""
+  import jax
+  import optax
+  from models import qwen3_5
+  model_cfg = qwen3_5.config_from_dict(config.model)
+  opt = sft_optimizer(config)
+
+  @jax.jit
+  def step(params, opt_state, batch):
+    loss, grads = jax.value_and_grad(lambda p: sft_loss(model_cfg, p, batch))(params)
+    updates, opt_state = opt.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss, optax.global_norm(grads)
+
+  opt_state = opt.init(params)
+  rows = np.flatnonzero(data["loss_mask"].sum(1) > 0)
+  rng = np.random.default_rng(config.seed)
+  bs = min(int(config.sft.batch_size), len(rows))
+  order = np.array([], np.int64)
+  with _bar(config, config.sft.steps, "sft") as bar:
+    for i in range(config.sft.steps):
+      if len(order) < bs:
+        order = np.concatenate([order, rng.permutation(rows)])
+      take, order = order[:bs], order[bs:]
+      batch = {k: data[k][take] for k in ("tokens", "loss_mask")}
+      params, opt_state, loss, gnorm = step(params, opt_state, batch)
+      if i % max(int(config.train.log_every), 1) == 0 or i == config.sft.steps - 1:
+        loss = float(loss)
+        bar.set_postfix(loss=f"{loss:.3f}")
+        if metrics is not None:
+          metrics.write(i + 1, "sft", {"loss": loss, "grad_norm": float(gnorm)})
+      bar.update(1)
+  return params
+
+
+def sft_dir(config) -> str:
+  return os.path.join(run_dir(config), "sft")
+
+
+def init_params(config):
+  import jax
+  from models import qwen3_5
+  return qwen3_5.init_params(qwen3_5.config_from_dict(config.model), jax.random.key(config.seed))
+
+
+def save_params(directory: str, params, meta: dict) -> None:
+  from rl.checkpoint import Checkpointer
+  ck = Checkpointer(directory, save_every=1, keep=1, async_save=False)
+  ck.save(0, {"params": params}, meta)
+  ck.close()
+
+
+def load_params(directory: str, config):
+  """The params saved by `save_params`, or None when there are none."""
+  import jax
+  from rl.checkpoint import Checkpointer
+  if not os.path.isdir(directory):
+    return None
+  like = jax.eval_shape(lambda: {"params": init_params(config)})
+  ck = Checkpointer(directory, save_every=1, keep=1, async_save=False)
+  try:
+    out = ck.restore_latest(like)
+  finally:
+    ck.close()
+  return None if out is None else out[1]["params"]
+
+
+def run_sft(config, metrics: Optional[Metrics] = None):
+  """Oracle data -> SFT from the random init -> params saved to runs/<name>/sft."""
+  from envs import worlds
+  from envs.harness.batch import collate
+  t0 = time.monotonic()
+  worlds.ensure_worlds(config.envs)
+  tasks = select_tasks(config, "train", config.sft.levels, config.sft.max_tasks)
+  print(f"SFT: {len(tasks)} oracle episodes (train split, levels {tuple(config.sft.levels)})",
+        flush=True)
+  results = collect_oracle(config, tasks)
+  ok = [r for r in results if r.passed]
+  data = collate(ok, config.harness.max_timeouts_per_group, pad_to=None)
+  print(f"SFT: {len(ok)}/{len(results)} oracle episodes passed; rows of {data['tokens'].shape[1]} "
+        f"tokens, {int(data['loss_mask'].sum())} assistant tokens; "
+        f"{time.monotonic() - t0:.0f}s", flush=True)
+  params = sft_train(config, data, init_params(config), metrics)
+  save_params(sft_dir(config), params, {"steps": int(config.sft.steps),
+                                        "episodes": len(ok)})
+  print(f"SFT: done in {time.monotonic() - t0:.0f}s; params in {sft_dir(config)}", flush=True)
+  return params
+
+
+def main_sft(config, flags=None):
+  del flags
+  metrics = Metrics(run_dir(config), config.loop.tensorboard)
+  try:
+    run_sft(config, metrics)
+  finally:
+    metrics.close()
+
+
+# ----------------------------------------------------------------------------- RL
+
+
+class TaskStream:
+  """Shuffled, epoch-aware task order from a grain IndexSampler; `position` is checkpointed."""
+
+  def __init__(self, tasks, seed: int, position: int = 0):
+    import grain.python as grain
+    self.tasks = tasks
+    self.sampler = grain.IndexSampler(num_records=len(tasks), num_epochs=None, shuffle=True,
+                                      seed=seed, shard_options=grain.NoSharding())
+    self.position = int(position)
+
+  def take(self, n: int) -> list:
+    out = [self.tasks[self.sampler[self.position + i].record_key] for i in range(n)]
+    self.position += n
+    return out
+
+  @property
+  def epoch(self) -> float:
+    return self.position / len(self.tasks)
+
+
+def rl_batch(results, config) -> tuple[dict, dict]:
+  """Episode results -> the train step's batch (fixed shape) and the rollout metrics."""
+  from envs.harness.batch import batch_metrics
+  from envs.harness.batch import collate
+  d = collate(results, config.harness.max_timeouts_per_group, pad_to=config.train.seq_len)
+  batch = {"tokens": d["tokens"], "loss_mask": d["loss_mask"],
+           "rollout_logprobs": d["rollout_logprobs"], "rewards": d["rewards"],
+           "group_ids": d["group_ids"], "valid": d["train_mask"]}
+  m = batch_metrics(results, config.harness.max_timeouts_per_group)
+  return batch, m
+
+
+def _evaluate(pool, config, tasks, step: int, tag: str) -> dict:
+  eps = make_episodes(tasks, config, config.loop.eval_samples, seed_offset=7919 * (step + 1))
+  results = run_pool(pool, eps, config, f"eval {tag}")
+  return summarize_eval(results, tasks, config.loop.bootstrap, config.seed)
+
+
+def _fmt_eval(name: str, s: dict) -> str:
+  lo, hi = s["pass_at_1_ci95"]
+  rlo, rhi = s["mean_reward_ci95"]
+  return (f"{name}: pass@1 {s['pass_at_1']:.3f} [95% CI {lo:.3f}, {hi:.3f}]  mean reward "
+          f"{s['mean_reward']:.3f} [{rlo:.3f}, {rhi:.3f}]  ({s['n_tasks']} held-out tasks)")
+
+
+def run_rl(config, flags=None) -> dict:
+  """The whole RL run; returns the summary written to runs/<name>/summary.json."""
+  import jax
+  from envs import worlds
+  from envs.harness.pool import AgentPool
+  from models import sharding as shd
+  from rl.checkpoint import Checkpointer
+  from rl.rollout.client import jetstream_policy_factory
+  from rl.rollout.serve import build_server
+  from rl.train_step import TrainStep
+
+  t_start = time.monotonic()
+  rdir = run_dir(config)
+  os.makedirs(rdir, exist_ok=True)
+  metrics = Metrics(rdir, config.loop.tensorboard)
+  worlds.ensure_worlds(config.envs)
+  mesh = shd.make_mesh(config.mesh)
+  step_fn = TrainStep(config, mesh)
+  ckpt = Checkpointer.from_config(config)
+  restored = ckpt.restore_latest(step_fn.abstract_state())
+  meta: dict = {}
+  if restored is not None:
+    start_step, state, meta = restored
+    print(f"resumed from checkpoint step {start_step} in {ckpt.directory}", flush=True)
+  else:
+    start_step = 0
+    params = None
+    if config.loop.sft_first and config.sft.steps:
+      params = load_params(sft_dir(config), config)
+      if params is None:
+        params = run_sft(config, metrics)
+      else:
+        print(f"SFT params from {sft_dir(config)}", flush=True)
+    state = step_fn.init_state(jax.random.key(config.seed))
+    if params is not None:
+      state = _with_params(step_fn, state, params)
+
+  train_tasks = select_tasks(config, "train", config.loop.levels)
+  eval_tasks = select_tasks(config, "eval", config.loop.eval_levels, config.loop.eval_max_tasks)
+  stream = TaskStream(train_tasks, config.seed, meta.get("data_position", 0))
+
+  server = build_server(config, params=_host(state["params"]), port=0)
+  cfg = config.copy_and_resolve_references()
+  with cfg.unlocked():
+    cfg.rollout.address = server.address
+  summary_path = os.path.join(rdir, "summary.json")
+  summary = dict(meta.get("summary") or {})
+  try:
+    with AgentPool.from_config(cfg, jetstream_policy_factory(cfg)) as pool:
+      if "before_rl" not in summary:
+        s = _evaluate(pool, cfg, eval_tasks, 0, "before RL")
+        summary["before_rl"] = s
+        metrics.write(start_step, "eval", _eval_scalars(s))
+        _write_json(summary_path, _finish(summary, config, eval_tasks))
+      print(_fmt_eval("before RL (after SFT)", summary["before_rl"]), flush=True)
+      steps = int(config.train.steps)
+      p, g = int(config.train.prompts_per_step), int(config.train.samples_per_prompt)
+      with _bar(config, steps, "rl") as bar:
+        bar.update(start_step)
+        for step in range(start_step, steps):
+          t0 = time.monotonic()
+          tasks = stream.take(p)
+          eps = make_episodes(tasks, cfg, g, first_group=0, seed_offset=104729 * (step + 1))
+          results = pool.run(eps)
+          t_roll = time.monotonic() - t0
+          batch, m = rl_batch(results, cfg)
+          state, tm = step_fn(state, step_fn.shard_batch(batch))
+          server.update_weights(_host(state["params"]), version=step + 1)
+          tm = {k: float(v) for k, v in jax.device_get(tm).items() if np.ndim(v) == 0}
+          m.update(tm)
+          m.update({"time/rollout_s": t_roll, "time/step_s": time.monotonic() - t0,
+                    "data/epoch": stream.epoch})
+          metrics.write(step + 1, "train", m)
+          bar.set_postfix(reward=f"{m.get('mean_reward', 0):.3f}",
+                          loss=f"{tm.get('loss/total', 0):.3g}")
+          bar.update(1)
+          if config.loop.eval_every and (step + 1) % config.loop.eval_every == 0 \
+             and step + 1 < steps:
+            s = _evaluate(pool, cfg, eval_tasks, step + 1, f"step {step + 1}")
+            metrics.write(step + 1, "eval", _eval_scalars(s))
+            summary.setdefault("curve", []).append({"step": step + 1, **_eval_scalars(s)})
+          ckpt.maybe_save(step + 1, state, {"data_position": stream.position,
+                                            "summary": summary})
+      ckpt.wait()
+      s = _evaluate(pool, cfg, eval_tasks, steps, "after RL")
+      summary["after_rl"] = s
+      metrics.write(steps, "eval", _eval_scalars(s))
+  finally:
+    server.stop()
+    metrics.close()
+  ckpt.close()
+  out = _finish(summary, config, eval_tasks)
+  out["wall_s"] = round(time.monotonic() - t_start, 1)
+  _write_json(summary_path, out)
+  print(_fmt_eval("before RL (after SFT)", out["before_rl"]), flush=True)
+  print(_fmt_eval("after RL", out["after_rl"]), flush=True)
+  print(f"RL raised pass@1 by {out['delta_pass_at_1']:+.3f}; outside both intervals: "
+        f"{out['improved_outside_cis']}; summary in {summary_path}", flush=True)
+  return out
+
+
+def _eval_scalars(s: dict) -> dict:
+  return {"pass_at_1": s["pass_at_1"], "pass_at_1_lo": s["pass_at_1_ci95"][0],
+          "pass_at_1_hi": s["pass_at_1_ci95"][1], "mean_reward": s["mean_reward"]}
+
+
+def _finish(summary: dict, config, eval_tasks) -> dict:
+  out = dict(summary)
+  out["config"] = config.name
+  out["eval_subset"] = {"split": "eval", "levels": list(config.loop.eval_levels),
+                        "max_tasks": int(config.loop.eval_max_tasks), "n_tasks": len(eval_tasks),
+                        "samples_per_task": int(config.loop.eval_samples),
+                        "task_ids": [t.id for t in eval_tasks]}
+  out["rl_steps"] = int(config.train.steps)
+  b, a = out.get("before_rl"), out.get("after_rl")
+  if b and a:
+    out["delta_pass_at_1"] = a["pass_at_1"] - b["pass_at_1"]
+    out["improved_outside_cis"] = bool(a["pass_at_1_ci95"][0] > b["pass_at_1_ci95"][1]
+                                       and a["pass_at_1"] > b["pass_at_1_ci95"][1]
+                                       and b["pass_at_1"] < a["pass_at_1_ci95"][0])
+  return out
+
+
+def _write_json(path: str, obj) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(obj, f, indent=1)
+  os.replace(tmp, path)
+
+
+def _host(params):
+  import jax
+  return jax.device_get(params)
+
+
+def _with_params(step_fn, state, params):
+  """A fresh optimizer state around `params` (the SFT moments do not carry over)."""
+  import jax
+  import jax.numpy as jnp
+
+  def build(p, step, rng):
+    return {"params": p, "opt_state": step_fn.optimizer.init(p), "step": step, "rng": rng}
+  from models import sharding as shd
+  with shd.use_mesh(step_fn.mesh, step_fn.rules):
+    return jax.jit(build, out_shardings=step_fn.state_shardings)(
+        params, jnp.zeros((), jnp.int32), state["rng"])
+
+
+def main_rl(config, flags=None):
+  return run_rl(config, flags)

@@ -1,0 +1,115 @@
+"""Ablation sweeps: one launch.py job per override set, then a table comparing them.
+
+A sweep file (configs/sweeps/X.py) has `get_sweep(arg)` returning a list of dicts: dotted
+config keys -> values, plus an optional `name` appended to the run name. Each job is the
+same launch.py command line with `--config.<key>=<value>` added and `--sweep` removed, run
+as its own process (a fresh JAX runtime, its own rollout server port, its own run directory
+runs/<name>-<job>/). Keys are checked against the config before anything runs, so a typo
+fails the whole sweep at once. After the jobs, the summaries (runs/<job>/summary.json) are
+tabulated to runs/sweeps/<sweep>-<config name>.md and printed.
+"""
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+
+def load_sweep(spec: str) -> list:
+  path, _, arg = spec.partition(":")
+  if not os.path.isfile(path):
+    raise SystemExit(f"--sweep: no such file {path!r}")
+  mod_spec = importlib.util.spec_from_file_location("sweep_file", path)
+  mod = importlib.util.module_from_spec(mod_spec)
+  mod_spec.loader.exec_module(mod)
+  jobs = mod.get_sweep(arg or None)
+  if not jobs:
+    raise SystemExit(f"--sweep: {path} lists no jobs")
+  return [dict(j) for j in jobs]
+
+
+def _check_keys(config, job: dict) -> None:
+  for key in job:
+    if key == "name":
+      continue
+    node = config
+    parts = key.split(".")
+    for p in parts[:-1]:
+      if p not in node:
+        raise SystemExit(f"--sweep: unknown config key {key!r}")
+      node = node[p]
+    if parts[-1] not in node:
+      raise SystemExit(f"--sweep: unknown config key {key!r}")
+
+
+def _value(v) -> str:
+  if isinstance(v, (tuple, list)):
+    return "(" + ",".join(_value(x) for x in v) + ("," if len(v) == 1 else "") + ")"
+  return str(v)
+
+
+def job_commands(config, jobs: list, argv: list) -> list:
+  """(run name, argv) per job: argv minus --sweep/--dry_run, plus the job's overrides."""
+  base = [a for a in argv[1:] if not a.startswith(("--sweep", "--dry_run", "--nodry_run"))]
+  base = [a for a in base if not a.startswith("--config.name=")]
+  out = []
+  for i, job in enumerate(jobs):
+    _check_keys(config, job)
+    name = f"{config.name}-{job.get('name', f'job{i}')}"
+    args = [sys.executable, os.path.abspath(argv[0])] + base + [f"--config.name={name}"]
+    args += [f"--config.{k}={_value(v)}" for k, v in job.items() if k != "name"]
+    out.append((name, job, args))
+  return out
+
+
+def table(config, cmds: list) -> str:
+  """Markdown table of the jobs' summaries (missing ones marked)."""
+  keys = sorted({k for _, job, _ in cmds for k in job if k != "name"})
+  head = ["run"] + keys + ["pass@1 before", "pass@1 after (95% CI)", "delta",
+                           "reward before", "reward after"]
+  rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for name, job, _ in cmds:
+    path = os.path.join(config.workdir, name, "summary.json")
+    cells = [name] + [str(job.get(k, "")) for k in keys]
+    try:
+      with open(path, encoding="utf-8") as f:
+        s = json.load(f)
+      b, a = s["before_rl"], s["after_rl"]
+      cells += [f"{b['pass_at_1']:.3f}",
+                f"{a['pass_at_1']:.3f} [{a['pass_at_1_ci95'][0]:.3f}, {a['pass_at_1_ci95'][1]:.3f}]",
+                f"{a['pass_at_1'] - b['pass_at_1']:+.3f}", f"{b['mean_reward']:.3f}",
+                f"{a['mean_reward']:.3f}"]
+    except (OSError, KeyError, ValueError):
+      cells += ["(no summary)"] + [""] * 4
+    rows.append("| " + " | ".join(cells) + " |")
+  return "\n".join(rows) + "\n"
+
+
+def run_sweep(spec: str, config, mode: str, argv: list, dry_run: bool = False) -> str:
+  jobs = load_sweep(spec)
+  cmds = job_commands(config, jobs, argv)
+  print(f"sweep {spec}: {len(cmds)} jobs, mode {mode}", flush=True)
+  for name, _, args in cmds:
+    print(f"  {name}: {shlex.join(args)}", flush=True)
+  if dry_run:
+    return ""
+  failed = []
+  for name, _, args in cmds:
+    t0 = time.monotonic()
+    print(f"== {name}", flush=True)
+    rc = subprocess.call(args)
+    print(f"== {name}: exit {rc} after {time.monotonic() - t0:.0f}s", flush=True)
+    if rc:
+      failed.append(name)
+  out = table(config, cmds)
+  sweep_name = os.path.splitext(os.path.basename(spec.partition(":")[0]))[0]
+  path = os.path.join(config.workdir, "sweeps", f"{sweep_name}-{config.name}.md")
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(f"# sweep {spec} on {config.name} (--mode={mode})\n\n" + out)
+  print(out + f"table written to {path}", flush=True)
+  if failed:
+    raise SystemExit(f"sweep: {len(failed)} job(s) failed: {failed}")
+  return out
