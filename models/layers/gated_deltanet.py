@@ -4,8 +4,9 @@ Per value head h and step t, with q, k L2-normalised (q also scaled by 1/sqrt(d_
     S_t = exp(g_t) * S_{t-1}                                   decay
     S_t = S_t + beta_t * k_t (v_t - S_t^T k_t)^T               delta-rule write
     o_t = S_t^T q_t
-S is a [d_k, d_v] float32 matrix. Training and prefill use the chunked form (a triangular
-solve inside each chunk of 64, a scan across chunks); one-token decode uses the recurrence.
+S is a [d_k, d_v] float32 matrix. Training and prefill use the chunked form (the UT transform
+inside each chunk of 64, inverted by matmuls; a scan across chunks); one-token decode uses the
+recurrence.
 
 Params (shapes with logical names):
   in_proj_qkv [embed, gdn_qkv]      q (nk*dk) | k (nk*dk) | v (nv*dv), the conv channels
@@ -17,6 +18,8 @@ Params (shapes with logical names):
   norm        [head_v_dim]          gated RMSNorm weight (init 1)
   out_proj    [gdn_value, embed]
 """
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -62,6 +65,30 @@ def _l2norm(x, eps=1e-6):
   return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
 
 
+# The state is float32 by contract; on TPU a plain float32 matmul would run one bf16 pass.
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def _mm(a, b):
+  return jnp.matmul(a, b, precision=_HIGHEST)
+
+
+def _unit_lower_inverse(strict_lower):
+  """(I + L)^-1 for strictly lower-triangular L [..., c, c], by matmuls only.
+
+  L is nilpotent, so (I + L)^-1 = sum_j (-L)^j = (I - L)(I + L^2)(I + L^4)... with log2(c)
+  factors. Matmuls suit every backend (no LAPACK custom call on CPU, MXU-friendly on TPU).
+  """
+  c = strict_lower.shape[-1]
+  eye = jnp.eye(c, dtype=strict_lower.dtype)
+  power = -strict_lower
+  inverse = eye + power
+  for _ in range(max(int(math.ceil(math.log2(c))) - 1, 0)):
+    power = _mm(power, power)
+    inverse = inverse + _mm(inverse, power)
+  return inverse
+
+
 def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int):
   """The gated delta rule over a sequence, chunk by chunk.
 
@@ -97,21 +124,21 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int):
   to_end = jnp.flip(jnp.cumsum(jnp.flip(g, -1), axis=-1), -1) - g   # sum of g over (i, end]
   k_beta = k * beta[..., None]
   # UT transform: (I + L) u = beta v and (I + L) w = beta k exp(g_cum), L strictly lower.
-  system = jnp.where(strictly_lower, jnp.einsum("...id,...jd->...ij", k_beta, k) * decay, 0.0)
-  system = system + jnp.eye(c, dtype=system.dtype)
-  solve = lambda rhs: jax.scipy.linalg.solve_triangular(system, rhs, lower=True, unit_diagonal=True)
-  u = solve(v * beta[..., None])
-  w = solve(k_beta * jnp.exp(g_cum)[..., None])
-  intra = jnp.einsum("...id,...jd->...ij", q, k) * decay          # causal within the chunk
+  system = jnp.where(strictly_lower, jnp.einsum("...id,...jd->...ij", k_beta, k, precision=_HIGHEST)
+                     * decay, 0.0)
+  inverse = _unit_lower_inverse(system)
+  u = _mm(inverse, v * beta[..., None])
+  w = _mm(inverse, k_beta * jnp.exp(g_cum)[..., None])
+  intra = jnp.einsum("...id,...jd->...ij", q, k, precision=_HIGHEST) * decay  # causal in chunk
   q_decayed = q * jnp.exp(g_cum)[..., None]
   k_to_end = k * jnp.exp(to_end)[..., None]
   chunk_decay = jnp.exp(g_cum[..., -1])[..., None, None]
 
   def step(s, xs):
     u_i, w_i, intra_i, q_i, k_i, decay_i = xs
-    v_new = u_i - w_i @ s
-    out = q_i @ s + intra_i @ v_new
-    s = s * decay_i + jnp.swapaxes(k_i, -1, -2) @ v_new
+    v_new = u_i - _mm(w_i, s)
+    out = _mm(q_i, s) + _mm(intra_i, v_new)
+    s = s * decay_i + _mm(jnp.swapaxes(k_i, -1, -2), v_new)
     return s, out
 
   state, out = jax.lax.scan(step, state, (u, w, intra, q_decayed, k_to_end, chunk_decay))
@@ -124,9 +151,9 @@ def recurrent_delta_rule(q, k, v, g, beta, state):
   def step(s, xs):
     q_t, k_t, v_t, g_t, beta_t = xs                                # [b, h, d]..., [b, h]
     s = s * jnp.exp(g_t)[..., None, None]
-    predicted = jnp.einsum("bhkv,bhk->bhv", s, k_t)
-    s = s + jnp.einsum("bhk,bhv->bhkv", k_t, (v_t - predicted) * beta_t[..., None])
-    return s, jnp.einsum("bhkv,bhk->bhv", s, q_t)
+    predicted = jnp.einsum("bhkv,bhk->bhv", s, k_t, precision=_HIGHEST)
+    s = s + jnp.einsum("bhk,bhv->bhkv", k_t, (v_t - predicted) * beta_t[..., None], precision=_HIGHEST)
+    return s, jnp.einsum("bhkv,bhk->bhv", s, q_t, precision=_HIGHEST)
 
   xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, g, beta))
   state, out = jax.lax.scan(step, state, xs)
