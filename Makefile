@@ -16,7 +16,7 @@ $(STAMP): requirements.txt requirements-test.txt requirements.lock
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(PY) launch.py --config=configs/tiny_cpu.py
+	$(PY) launch.py --config=configs/tiny_cpu.py --mode=rl
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
