@@ -256,6 +256,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.sft.warmup_steps = 10            # linear warmup, then cosine to 10% of lr
   c.sft.max_tasks = 0                # oracle trajectories collected from the first N train tasks; 0 = all
   c.sft.levels = (1, 2, 3)           # task levels of the SFT data
+  c.sft.dir = ""                     # SFT checkpoint directory; "" = <workdir>/<name>/sft (sweeps share one)
 
   # The RL loop (rl/loop.py, --mode=rl): rollouts -> train step -> weight sync -> eval.
   c.loop = ml_collections.ConfigDict()

@@ -256,7 +256,7 @@ def sft_train(config, data: dict, params, metrics: Optional[Metrics] = None):
 
 
 def sft_dir(config) -> str:
-  return os.path.join(run_dir(config), "sft")
+  return config.sft.dir or os.path.join(run_dir(config), "sft")
 
 
 def init_params(config):

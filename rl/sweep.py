@@ -54,6 +54,9 @@ def job_commands(config, jobs: list, argv: list) -> list:
   """(run name, argv) per job: argv minus --sweep/--dry_run, plus the job's overrides."""
   base = [a for a in argv[1:] if not a.startswith(("--sweep", "--dry_run", "--nodry_run"))]
   base = [a for a in base if not a.startswith("--config.name=")]
+  if not any(a.startswith("--config.sft.dir=") for a in base):
+    # The arms share one SFT warm start (trained by the first job, reused by the others).
+    base.append("--config.sft.dir=" + os.path.join(config.workdir, config.name, "sft"))
   out = []
   for i, job in enumerate(jobs):
     _check_keys(config, job)

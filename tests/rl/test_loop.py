@@ -1,0 +1,138 @@
+"""Fast checks of the RL loop's pieces: intervals, eval summary, task stream, tool subset, sweeps."""
+import dataclasses
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from configs import tiny_cpu
+from rl import loop
+from rl import sweep
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_bootstrap_ci_brackets_the_mean_and_narrows_with_n():
+  rng = np.random.default_rng(0)
+  small = (rng.random(40) < 0.3).astype(float)
+  big = (rng.random(4000) < 0.3).astype(float)
+  lo, hi = loop.bootstrap_ci(small, 2000)
+  assert lo <= small.mean() <= hi
+  blo, bhi = loop.bootstrap_ci(big, 2000)
+  assert bhi - blo < hi - lo
+  assert loop.bootstrap_ci(np.zeros(10), 100) == [0.0, 0.0]
+
+
+@dataclasses.dataclass
+class _R:
+  task_id: str
+  passed: bool
+  reward: float
+  outcome: str = "ok"
+
+
+@dataclasses.dataclass
+class _T:
+  id: str
+
+
+def test_summarize_eval_averages_samples_within_a_task_first():
+  tasks = [_T("a"), _T("b")]
+  res = [_R("a", True, 1.0), _R("a", False, 0.0), _R("b", True, 1.0), _R("b", True, 1.0)]
+  s = loop.summarize_eval(res, tasks, 200)
+  assert s["n_tasks"] == 2 and s["n_episodes"] == 4
+  assert s["pass_at_1"] == pytest.approx(0.75)
+  assert s["mean_reward"] == pytest.approx(0.75)
+  assert s["pass_at_1_ci95"][0] <= 0.75 <= s["pass_at_1_ci95"][1]
+  assert s["outcomes"] == {"ok": 4}
+
+
+def test_task_stream_is_shuffled_epoch_aware_and_resumable():
+  tasks = list(range(10))
+  a = loop.TaskStream(tasks, seed=3)
+  first = a.take(10)
+  assert sorted(first) == tasks and first != tasks  # one epoch = a permutation
+  second = a.take(4)
+  assert a.position == 14 and a.epoch == pytest.approx(1.4)
+  b = loop.TaskStream(tasks, seed=3, position=10)  # resumed from a checkpointed position
+  assert b.take(4) == second
+
+
+class _World:
+  def tools(self):
+    return [{"type": "function", "function": {"name": n}} for n in ("a", "b", "c")]
+
+  def call_tool(self, name, arguments):
+    return (name, arguments)
+
+  def grade(self, answer):
+    return answer
+
+  def close(self, reuse=False):
+    self.closed = reuse
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+  def start(self):
+    return _World()
+
+
+def test_tool_subset_shows_only_the_named_tools():
+  w = loop.ToolSubsetSpec(_Spec(), ("a", "c")).start()
+  assert [t["function"]["name"] for t in w.tools()] == ["a", "c"]
+  assert w.call_tool("b", {"x": 1}) == ("b", {"x": 1})  # the harness rejects hidden tools
+  assert isinstance(loop.ToolSubsetSpec(_Spec(), ()).start(), _World)
+  with pytest.raises(ValueError, match="zzz"):
+    loop.ToolSubsetSpec(_Spec(), ("a", "zzz")).start().tools()
+
+
+def test_tiny_config_eval_subset_has_at_least_160_held_out_tasks():
+  c = tiny_cpu.get_config()
+  ev = loop.select_tasks(c, "eval", c.loop.eval_levels, c.loop.eval_max_tasks)
+  tr = loop.select_tasks(c, "train", c.loop.levels)
+  assert len(ev) >= 160
+  assert not {t.world_id for t in ev} & {t.world_id for t in tr}
+
+
+def test_sweep_jobs_cover_both_arms_and_reject_unknown_keys(tmp_path):
+  c = tiny_cpu.get_config()
+  jobs = sweep.load_sweep(os.path.join(ROOT, "configs/sweeps/loss_reduction.py"))
+  assert {j["rl.loss_reduction"] for j in jobs} == {"token_mean", "prompt_mean"}
+  assert {j["harness.nudge"] for j in jobs} == {True, False}
+  cmds = sweep.job_commands(c, jobs, ["launch.py", "--mode=rl", "--sweep=x", "--dry_run"])
+  assert len({name for name, _, _ in cmds}) == 4
+  for _, job, args in cmds:
+    assert not any(a.startswith(("--sweep", "--dry_run")) for a in args)
+    assert f"--config.rl.loss_reduction={job['rl.loss_reduction']}" in args
+    assert any(a.startswith("--config.sft.dir=") for a in args)
+  with pytest.raises(SystemExit, match="rl.los_reduction"):
+    sweep.job_commands(c, [{"rl.los_reduction": "token_mean"}], ["launch.py"])
+
+
+def test_sweep_table_reads_summaries(tmp_path):
+  c = tiny_cpu.get_config()
+  with c.unlocked():
+    c.workdir = str(tmp_path)
+  jobs = [{"name": "tm", "rl.loss_reduction": "token_mean"},
+          {"name": "pm", "rl.loss_reduction": "prompt_mean"}]
+  cmds = sweep.job_commands(c, jobs, ["launch.py"])
+  run = tmp_path / "tiny_cpu-tm"
+  run.mkdir()
+  s = {"pass_at_1": 0.2, "pass_at_1_ci95": [0.1, 0.3], "mean_reward": 0.2}
+  (run / "summary.json").write_text(json.dumps({"before_rl": s, "after_rl": dict(s, pass_at_1=0.4)}))
+  t = sweep.table(c, cmds)
+  assert "| tiny_cpu-tm | token_mean | 0.200 | 0.400 [0.100, 0.300] | +0.200 |" in t
+  assert "tiny_cpu-pm" in t and "(no summary)" in t
+
+
+def test_launch_sweep_dry_run_prints_the_jobs():
+  import subprocess
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "launch.py"), "--mode=rl",
+                        "--config=" + os.path.join(ROOT, "configs/tiny_cpu.py"),
+                        "--sweep=" + os.path.join(ROOT, "configs/sweeps/loss_reduction.py"),
+                        "--dry_run"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.count("--config.rl.loss_reduction=") == 4
