@@ -28,8 +28,10 @@ def test_report_layouts_are_tabulated():
 
 def test_engine_slots_from_the_planner():
   c = tiny_cpu.get_config()
-  assert capacity.engine_slots(c) == c.rollout.max_slots  # a tiny model fits thousands
   c.unlock()
+  assert capacity.engine_slots(c) == c.rollout.slots  # an explicit slot count wins
+  c.rollout.slots = 0                                  # 0 = ask the planner
+  assert capacity.engine_slots(c) == c.rollout.max_slots  # a tiny model fits thousands
   c.rollout.capacity.device_memory_gib = 0.01
   p = capacity.plan_from_config(c)
   assert 0 < p.per_engine < c.rollout.max_slots
