@@ -309,8 +309,16 @@ def run_sft(config, metrics: Optional[Metrics] = None):
   return params
 
 
+def _quiet_logs():
+  """Orbax and JetStream log every save and request at INFO; the console is for the bars."""
+  from absl import logging as absl_logging
+  if absl_logging.get_verbosity() <= absl_logging.INFO:
+    absl_logging.set_verbosity(absl_logging.WARNING)
+
+
 def main_sft(config, flags=None):
   del flags
+  _quiet_logs()
   metrics = Metrics(run_dir(config), config.loop.tensorboard)
   try:
     run_sft(config, metrics)
@@ -515,4 +523,5 @@ def _with_params(step_fn, state, params):
 
 
 def main_rl(config, flags=None):
+  _quiet_logs()
   return run_rl(config, flags)

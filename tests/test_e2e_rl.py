@@ -26,7 +26,8 @@ def _cmd(tmp_path, steps):
           f"--config.train.steps={steps}", "--config.train.prompts_per_step=1",
           "--config.train.samples_per_prompt=2", "--config.checkpoint.save_every=1",
           "--config.checkpoint.async_save=False", "--config.harness.num_workers=2",
-          "--config.harness.max_tokens_per_turn=16", "--config.loop.progress=False",
+          "--config.harness.max_tokens_per_turn=16", "--config.harness.max_turns=1",
+          "--config.loop.progress=False",
           "--config.loop.bootstrap=100"]
 
 
