@@ -428,7 +428,7 @@ def run_rl(config, flags=None) -> dict:
         summary["before_rl"] = s
         metrics.write(start_step, "eval", _eval_scalars(s))
         _write_json(summary_path, _finish(summary, config, eval_tasks))
-      print(_fmt_eval("before RL (after SFT)", summary["before_rl"]), flush=True)
+      print(_fmt_eval(_before_label(config), summary["before_rl"]), flush=True)
       steps = int(config.train.steps)
       p, g = int(config.train.prompts_per_step), int(config.train.samples_per_prompt)
       with _bar(config, steps, "rl") as bar:
@@ -468,11 +468,15 @@ def run_rl(config, flags=None) -> dict:
   out = _finish(summary, config, eval_tasks)
   out["wall_s"] = round(time.monotonic() - t_start, 1)
   _write_json(summary_path, out)
-  print(_fmt_eval("before RL (after SFT)", out["before_rl"]), flush=True)
+  print(_fmt_eval(_before_label(config), out["before_rl"]), flush=True)
   print(_fmt_eval("after RL", out["after_rl"]), flush=True)
   print(f"RL raised pass@1 by {out['delta_pass_at_1']:+.3f}; outside both intervals: "
         f"{out['improved_outside_cis']}; summary in {summary_path}", flush=True)
   return out
+
+
+def _before_label(config) -> str:
+  return "before RL (after SFT)" if config.loop.sft_first and config.sft.steps else "before RL"
 
 
 def _eval_scalars(s: dict) -> dict:
@@ -491,8 +495,9 @@ def _finish(summary: dict, config, eval_tasks) -> dict:
   b, a = out.get("before_rl"), out.get("after_rl")
   if b and a:
     out["delta_pass_at_1"] = a["pass_at_1"] - b["pass_at_1"]
-    out["improved_outside_cis"] = bool(a["pass_at_1_ci95"][0] > b["pass_at_1_ci95"][1]
-                                       and a["pass_at_1"] > b["pass_at_1_ci95"][1]
+    # The margin is outside both intervals: the after-RL figure lies above the before-RL
+    # interval, and the before-RL figure below the after-RL interval.
+    out["improved_outside_cis"] = bool(a["pass_at_1"] > b["pass_at_1_ci95"][1]
                                        and b["pass_at_1"] < a["pass_at_1_ci95"][0])
   return out
 

@@ -136,3 +136,14 @@ def test_launch_sweep_dry_run_prints_the_jobs():
                         "--dry_run"], cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.count("--config.rl.loss_reduction=") == 4
+
+
+def test_summary_format_and_improvement_rule():
+  c = tiny_cpu.get_config()
+  ev = [_T("a"), _T("b")]
+  b = {"pass_at_1": 0.2, "pass_at_1_ci95": [0.1, 0.3], "mean_reward": 0.2}
+  out = loop._finish({"before_rl": b, "after_rl": dict(b, pass_at_1=0.45, pass_at_1_ci95=[0.35, 0.55])}, c, ev)
+  assert out["improved_outside_cis"] and out["delta_pass_at_1"] == pytest.approx(0.25)
+  assert out["eval_subset"]["n_tasks"] == 2 and out["eval_subset"]["task_ids"] == ["a", "b"]
+  out = loop._finish({"before_rl": b, "after_rl": dict(b, pass_at_1=0.35, pass_at_1_ci95=[0.15, 0.5])}, c, ev)
+  assert not out["improved_outside_cis"]  # 0.2 lies inside the after-RL interval
