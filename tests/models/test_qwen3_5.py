@@ -11,6 +11,7 @@ from safetensors.flax import load_file, save_file
 from configs import base
 from models import hf_io
 from models import qwen3_5
+from models.layers import attention
 
 
 def _tiny(**kw):
@@ -19,20 +20,34 @@ def _tiny(**kw):
   return qwen3_5.config_from_dict(m)
 
 
+_init = jax.jit(qwen3_5.init_params, static_argnums=0)
+
+
 @pytest.fixture(scope="module")
 def model():
+  """One layer cycle, top-3 routing: small enough that each test's compiles stay short."""
+  cfg = _tiny(num_hidden_layers=4, num_experts_per_tok=3)
+  return cfg, _init(cfg, jax.random.key(0))
+
+
+@pytest.fixture(scope="module")
+def two_cycle_model():
   cfg = _tiny(num_hidden_layers=8, num_experts_per_tok=3)
-  return cfg, qwen3_5.init_params(cfg, jax.random.key(0))
+  return cfg, _init(cfg, jax.random.key(0))
+
+
+_forward = jax.jit(qwen3_5.forward, static_argnums=0, static_argnames=("return_router_logits",))
+_prefill = jax.jit(qwen3_5.prefill, static_argnums=0, static_argnames=("max_len",))
 
 
 def test_prefill_then_decode_reproduces_full_forward(model):
   cfg, params = model
   rng = np.random.default_rng(0)
   tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (2, 80)), jnp.int32)
-  full = qwen3_5.forward(cfg, params, tokens)
+  full = _forward(cfg, params, tokens)
   prompt = 70  # > one GDN chunk
   lengths = jnp.full((2,), prompt, jnp.int32)
-  logits, cache = qwen3_5.prefill(cfg, params, tokens[:, :prompt], lengths, max_len=96)
+  logits, cache = _prefill(cfg, params, tokens[:, :prompt], lengths, max_len=96)
   np.testing.assert_allclose(logits, full[:, prompt - 1], atol=1e-4)
   step = jax.jit(qwen3_5.decode_step, static_argnums=0)
   for t in range(prompt, 80):
@@ -49,34 +64,32 @@ def test_right_padded_batch_rows_match_their_runs_alone(model):
   padded = np.zeros((3, 72), np.int32)
   for i, r in enumerate(rows):
     padded[i, :len(r)] = r
-  logits, cache = qwen3_5.prefill(cfg, params, jnp.asarray(padded), jnp.asarray(lengths), 80)
+  logits, cache = _prefill(cfg, params, jnp.asarray(padded), jnp.asarray(lengths), max_len=80)
   nxt = jnp.asarray([5, 6, 7], jnp.int32)
-  step_logits, _ = qwen3_5.decode_step(cfg, params, cache, nxt)
+  step_logits, _ = jax.jit(qwen3_5.decode_step, static_argnums=0)(cfg, params, cache, nxt)
+  batch_full = _forward(cfg, params, jnp.asarray(padded))
   for i, r in enumerate(rows):
-    alone = qwen3_5.forward(cfg, params, jnp.asarray(np.append(r, int(nxt[i]))[None], jnp.int32))
+    alone = _forward(cfg, params, jnp.asarray(np.append(r, int(nxt[i]))[None], jnp.int32))
     np.testing.assert_allclose(logits[i], alone[0, -2], atol=1e-4)
     np.testing.assert_allclose(step_logits[i], alone[0, -1], atol=1e-4)
     # The padded forward gives each row its own logits at its valid positions too.
-  batch_full = qwen3_5.forward(cfg, params, jnp.asarray(padded))
-  for i, r in enumerate(rows):
-    alone = qwen3_5.forward(cfg, params, jnp.asarray(r[None], jnp.int32))
-    np.testing.assert_allclose(batch_full[i, :len(r)], alone[0], atol=1e-4)
+    np.testing.assert_allclose(batch_full[i, :len(r)], alone[0, :-1], atol=1e-4)
 
 
 def test_cache_insert_moves_one_sequence_into_a_slot(model):
   cfg, params = model
   tokens = jnp.asarray(np.random.default_rng(2).integers(0, cfg.vocab_size, (1, 20)), jnp.int32)
-  _, prefix = qwen3_5.prefill(cfg, params, tokens, jnp.asarray([20]), max_len=32)
+  _, prefix = _prefill(cfg, params, tokens, jnp.asarray([20]), max_len=32)
   decode = qwen3_5.init_cache(cfg, batch=4, max_len=64)
   decode = qwen3_5.cache_insert(decode, prefix, slot=2)
   assert decode["pos"].tolist() == [0, 0, 20, 0]
   logits, _ = qwen3_5.decode_step(cfg, params, decode, jnp.asarray([0, 0, 9, 0]))
-  ref = qwen3_5.forward(cfg, params, jnp.concatenate([tokens, jnp.asarray([[9]])], axis=1))
+  ref = _forward(cfg, params, jnp.concatenate([tokens, jnp.asarray([[9]])], axis=1))
   np.testing.assert_allclose(logits[2], ref[0, -1], atol=1e-4)
 
 
-def test_scanned_and_unrolled_layers_give_the_same_logits(model):
-  cfg, params = model
+def test_scanned_and_unrolled_layers_give_the_same_logits(two_cycle_model):
+  cfg, params = two_cycle_model
   flat_cfg = cfg.replace(scan_layers=False)
   assert cfg.num_cycles == 2 and flat_cfg.num_cycles == 1
   # Re-group the scanned params (2 cycles of 4) as one cycle of 8 layers.
@@ -84,14 +97,14 @@ def test_scanned_and_unrolled_layers_give_the_same_logits(model):
                  for c in range(cfg.num_cycles) for j in range(len(cfg.cycle)))
   flat = dict(params, blocks=blocks)
   tokens = jnp.asarray(np.random.default_rng(3).integers(0, cfg.vocab_size, (2, 30)), jnp.int32)
-  np.testing.assert_allclose(qwen3_5.forward(flat_cfg, flat, tokens),
-                             qwen3_5.forward(cfg, params, tokens), atol=1e-5)
+  np.testing.assert_allclose(_forward(flat_cfg, flat, tokens),
+                             _forward(cfg, params, tokens), atol=1e-5)
 
 
 def test_router_logits_are_returned_per_moe_layer(model):
   cfg, params = model
   tokens = jnp.zeros((2, 10), jnp.int32)
-  _, router = qwen3_5.forward(cfg, params, tokens, return_router_logits=True)
+  _, router = _forward(cfg, params, tokens, return_router_logits=True)
   assert len(router) == len(cfg.cycle)
   assert all(r.shape == (cfg.num_cycles, 20, cfg.num_experts) and r.dtype == jnp.float32
              for r in router)
@@ -214,35 +227,37 @@ def test_corrupt_shard_is_reported(saved):
 
 def test_query_chunked_attention_matches_one_block(model):
   cfg, params = model
-  tokens = jnp.asarray(np.random.default_rng(4).integers(0, cfg.vocab_size, (2, 45)), jnp.int32)
+  p = jax.tree.map(lambda a: a[0], params["blocks"][3]["mixer"])   # the attention layer
+  x = jax.random.normal(jax.random.key(4), (2, 45, cfg.hidden_size))
+  pos = jnp.broadcast_to(jnp.arange(45), (2, 45))
   chunked = cfg.replace(attention_query_chunk=16)  # 45 = 2 full blocks + a padded one
 
-  def loss(c, p):
-    return jnp.sum(jnp.sin(qwen3_5.forward(c, p, tokens)))
+  def loss(c, p, x):
+    return jnp.sum(jnp.sin(attention.forward(p, x, pos, c)[0]))
 
-  np.testing.assert_allclose(qwen3_5.forward(chunked, params, tokens),
-                             qwen3_5.forward(cfg, params, tokens), atol=1e-5)
-  g_chunked = jax.grad(lambda p: loss(chunked, p))(params)
-  g_ref = jax.grad(lambda p: loss(cfg, p))(params)
+  np.testing.assert_allclose(attention.forward(p, x, pos, chunked)[0],
+                             attention.forward(p, x, pos, cfg)[0], atol=1e-5)
+  g_chunked = jax.jit(jax.grad(lambda p, x: loss(chunked, p, x), argnums=(0, 1)))(p, x)
+  g_ref = jax.jit(jax.grad(lambda p, x: loss(cfg, p, x), argnums=(0, 1)))(p, x)
   for a, b in zip(jax.tree.leaves(g_chunked), jax.tree.leaves(g_ref)):
     np.testing.assert_allclose(a, b, atol=1e-5 * max(1.0, float(jnp.abs(b).max())))
 
 
 def test_chunked_token_logprobs_match_full_logits(model):
   cfg, params = model
-  tokens = jnp.asarray(np.random.default_rng(5).integers(0, cfg.vocab_size, (2, 37)), jnp.int32)
+  hidden = jax.random.normal(jax.random.key(5), (2, 37, cfg.hidden_size))
+  targets = jnp.asarray(np.random.default_rng(5).integers(0, cfg.vocab_size, (2, 37)), jnp.int32)
   chunked = cfg.replace(logits_chunk=8)
 
-  def f(c, p):
-    hidden, _ = qwen3_5.forward_hidden(c, p, tokens)
-    return qwen3_5.token_logprobs(c, p, hidden[:, :-1], tokens[:, 1:], temperature=0.7)
+  def f(c, p, h):
+    return qwen3_5.token_logprobs(c, p, h, targets, temperature=0.7)
 
-  lp, ent = f(chunked, params)
-  ref_logp = jax.nn.log_softmax(qwen3_5.forward(cfg, params, tokens)[:, :-1] / 0.7)
-  np.testing.assert_allclose(lp, jnp.take_along_axis(ref_logp, tokens[:, 1:, None], -1)[..., 0],
+  lp, ent = f(chunked, params, hidden)
+  ref_logp = jax.nn.log_softmax(qwen3_5.logits_from_hidden(cfg, params, hidden) / 0.7)
+  np.testing.assert_allclose(lp, jnp.take_along_axis(ref_logp, targets[..., None], -1)[..., 0],
                              atol=1e-5)
   np.testing.assert_allclose(ent, -jnp.sum(jnp.exp(ref_logp) * ref_logp, -1), atol=1e-4)
-  g = jax.grad(lambda p: jnp.sum(f(chunked, p)[0]))(params)
-  g_ref = jax.grad(lambda p: jnp.sum(f(cfg, p)[0]))(params)
-  for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
+  grad = lambda c: jax.jit(jax.grad(lambda p, h: jnp.sum(f(c, p, h)[0]), argnums=(0, 1)))
+  for a, b in zip(jax.tree.leaves(grad(chunked)(params, hidden)),
+                  jax.tree.leaves(grad(cfg)(params, hidden))):
     np.testing.assert_allclose(a, b, atol=1e-5 * max(1.0, float(jnp.abs(b).max())))
