@@ -10,13 +10,7 @@ from rl import policy_losses as pl
 
 def _cfg(**kw):
   c = base.get_config().rl
-  with c.unlocked():
-    for k, v in kw.items():
-      node = c
-      parts = k.split(".")
-      for p in parts[:-1]:
-        node = node[p]
-      node[parts[-1]] = v
+  c.update_from_flattened_dict(kw)
   return c
 
 

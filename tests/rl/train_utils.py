@@ -18,12 +18,7 @@ def small_config(**overrides):
   c.optim.lr = 1e-3
   c.optim.eps = 1e-3          # keeps Adam's first update smooth in g (equivalence tests)
   c.rl.filter_zero_variance = True
-  for k, v in overrides.items():
-    node = c
-    parts = k.split(".")
-    for p in parts[:-1]:
-      node = node[p]
-    node[parts[-1]] = v
+  c.update_from_flattened_dict(overrides)
   return c
 
 
