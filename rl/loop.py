@@ -191,6 +191,13 @@ def collect_oracle(config, tasks) -> list:
   """The oracle's episodes on `tasks` through the real harness and worlds."""
   from envs.harness.oracle import oracle_factory
   from envs.harness.pool import AgentPool
+  # The oracle's turns are as long as its plan needs, whatever limits the policy samples
+  # under (a short max_tokens_per_turn or max_turns would cut the demonstrations).
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    config.harness.max_turns = max(config.harness.max_turns,
+                                   max((len(t.oracle_steps) for t in tasks), default=0) + 1)
+    config.harness.max_tokens_per_turn = max(config.harness.max_tokens_per_turn, 1024)
   eps = make_episodes(tasks, config)
   with AgentPool.from_config(config, oracle_factory([t.to_json() for t in tasks])) as pool:
     return run_pool(pool, eps, config, "oracle episodes")
@@ -298,6 +305,10 @@ def run_sft(config, metrics: Optional[Metrics] = None):
         flush=True)
   results = collect_oracle(config, tasks)
   ok = [r for r in results if r.passed]
+  if not ok:
+    outcomes = sorted({f"{r.outcome}: {r.detail[:120]}" for r in results})[:5]
+    raise SystemExit(f"SFT: none of {len(results)} oracle episodes passed, nothing to train "
+                     f"on; outcomes: {outcomes}")
   data = collate(ok, config.harness.max_timeouts_per_group, pad_to=None)
   print(f"SFT: {len(ok)}/{len(results)} oracle episodes passed; rows of {data['tokens'].shape[1]} "
         f"tokens, {int(data['loss_mask'].sum())} assistant tokens; "
