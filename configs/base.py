@@ -175,6 +175,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.train.seq_len = 256              # padded token length of a training row
   c.train.max_context = 160_000      # recipe's maximum trajectory context (tokens)
   c.train.log_every = 1              # steps between metric logs
+  c.train.init_from = ""             # Hugging Face checkpoint directory the policy starts from (SFT, else RL); "" = random init
 
   # Checkpoints (orbax CheckpointManager).
   c.checkpoint = ml_collections.ConfigDict()
@@ -257,11 +258,18 @@ def get_config() -> ml_collections.ConfigDict:
   c.sft.max_tasks = 0                # oracle trajectories collected from the first N train tasks; 0 = all
   c.sft.levels = (1, 2, 3)           # task levels of the SFT data
   c.sft.dir = ""                     # SFT checkpoint directory; "" = <workdir>/<name>/sft (sweeps share one)
+  c.sft.lm_loss_weight = 0.0         # + this x next-token loss on every trajectory token (tool output too); 0 = assistant tokens only
+  c.sft.export_hf = ""               # also write the SFT result as a Hugging Face checkpoint here ("" = no)
+  c.sft.pad_multiple = 512           # a batch is cut to its longest row rounded up to this (few compiled shapes); 0 = longest of the data
+  c.sft.eval_every = 0               # steps between held-out figures (teacher-forced, eval-split oracle trajectories); 0 = never
+  c.sft.eval_tasks = 48              # eval-split tasks of those figures (spread over the split)
+  c.sft.save_every = 0               # steps between SFT saves (orbax, and export_hf when set); 0 = at the end only
 
   # The RL loop (rl/loop.py, --mode=rl): rollouts -> train step -> weight sync -> eval.
   c.loop = ml_collections.ConfigDict()
   c.loop.levels = (1, 2, 3)          # task levels sampled for training (train split)
   c.loop.tools = ()                  # tools shown to the policy; () = every tool of the world
+  c.loop.tool_schema = "full"        # tool JSON in the system turn: full (as served) | compact (name + required params)
   c.loop.sft_first = True            # --mode=rl starts from the SFT checkpoint, training it first if missing
   c.loop.eval_every = 0              # RL steps between held-out evals; 0 = only before and after RL
   c.loop.eval_levels = (1, 2, 3)     # task levels of the held-out eval (eval split)

@@ -36,27 +36,59 @@ class ToolSubsetSpec:
 
   The small setups have no use for most of the 24 tools, and each one costs a few hundred
   tokens of system prompt in every trajectory; a call to a hidden tool is an unknown-tool
-  error like any other. Picklable, so it travels to the agent processes.
+  error like any other. `schema="compact"` also shortens each tool's JSON to its name and
+  required parameters with their types (see `compact_tool`). Picklable, so it travels to the
+  agent processes.
   """
   inner: Any
   tools: tuple = ()
+  schema: str = "full"
 
   def start(self):
     world = self.inner.start()
-    return _ToolSubsetWorld(world, self.tools) if self.tools else world
+    if not self.tools and self.schema == "full":
+      return world
+    return _ToolSubsetWorld(world, self.tools, self.schema)
+
+
+TOOL_SCHEMAS = ("full", "compact")
+
+
+def compact_tool(tool: dict) -> dict:
+  """A tool's JSON cut to what a call needs: name, required parameters and their types.
+
+  Descriptions, titles, defaults and optional parameters go: for a model trained on the
+  environment's own demonstrations they are ~100 tokens a tool of fixed text in every
+  trajectory. The result is still a valid function schema of the same call format.
+  """
+  fn = tool.get("function", tool)
+  params = fn.get("parameters") or {}
+  required = list(params.get("required") or [])
+  props = params.get("properties") or {}
+  return {"type": "function", "function": {
+      "name": fn["name"],
+      "parameters": {"type": "object",
+                     "properties": {k: {"type": props.get(k, {}).get("type", "string")}
+                                    for k in required},
+                     "required": required}}}
 
 
 class _ToolSubsetWorld:
 
-  def __init__(self, world, names):
-    self._w, self._names = world, set(names)
+  def __init__(self, world, names, schema: str = "full"):
+    if schema not in TOOL_SCHEMAS:
+      raise ValueError(f"config.loop.tool_schema={schema!r}; expected one of {TOOL_SCHEMAS}")
+    self._w, self._names, self._schema = world, set(names), schema
 
   def tools(self):
-    out = [t for t in self._w.tools() if t.get("function", t)["name"] in self._names]
-    missing = self._names - {t.get("function", t)["name"] for t in out}
-    if missing:
-      raise ValueError(f"config.loop.tools names tools this world does not have: {sorted(missing)}")
-    return out
+    out = self._w.tools()
+    if self._names:
+      out = [t for t in out if t.get("function", t)["name"] in self._names]
+      missing = self._names - {t.get("function", t)["name"] for t in out}
+      if missing:
+        raise ValueError(f"config.loop.tools names tools this world does not have: "
+                         f"{sorted(missing)}")
+    return [compact_tool(t) for t in out] if self._schema == "compact" else out
 
   def call_tool(self, name, arguments):
     return self._w.call_tool(name, arguments)
@@ -81,8 +113,8 @@ def make_episodes(tasks, config, samples_per_task: int = 1, first_group: int = 0
   from envs.harness.worlds import task_episodes
   eps = task_episodes(tasks, config, samples_per_task, first_group,
                       worlds_root=config.envs.worlds_root)
-  tools = tuple(config.loop.tools)
-  return [dataclasses.replace(e, world=ToolSubsetSpec(e.world, tools),
+  tools, schema = tuple(config.loop.tools), str(config.loop.tool_schema)
+  return [dataclasses.replace(e, world=ToolSubsetSpec(e.world, tools, schema),
                               seed=e.seed + seed_offset) for e in eps]
 
 
@@ -206,13 +238,21 @@ def collect_oracle(config, tasks) -> list:
 # ----------------------------------------------------------------------------- SFT
 
 
-def sft_loss(model_cfg, params, batch):
-  """Mean cross-entropy of the assistant (sampled) tokens: -sum(mask * logp) / sum(mask)."""
+def sft_loss(model_cfg, params, batch, lm_weight: float = 0.0):
+  """Cross-entropy of the assistant (sampled) tokens, -sum(mask * logp) / sum(mask), plus
+  `lm_weight` times the mean next-token loss over every token of the trajectories (system,
+  prompt, tool results): the language-modelling signal that teaches a small model from scratch
+  to read tool output, which the assistant tokens alone carry too little of."""
+  import jax.numpy as jnp
   from rl.train_step import token_logprobs
   lp, _ = token_logprobs(model_cfg, params, batch["tokens"], 1.0)
   mask = batch["loss_mask"].astype(lp.dtype)
-  import jax.numpy as jnp
-  return -(lp * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+  loss = -(lp * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+  if lm_weight:
+    pos = jnp.arange(lp.shape[1])[None, :]
+    every = ((pos >= 1) & (pos < batch["lengths"][:, None])).astype(lp.dtype)
+    loss = loss + lm_weight * -(lp * every).sum() / jnp.maximum(every.sum(), 1.0)
+  return loss
 
 
 def sft_optimizer(config):
@@ -227,37 +267,112 @@ def sft_optimizer(config):
   return make_optimizer(optim, config.sft.steps)
 
 
-def sft_train(config, data: dict, params, metrics: Optional[Metrics] = None):
-  """config.sft.steps AdamW steps of `sft_loss` over shuffled rows of `data`; returns params."""
+def _bucket(n: int, multiple: int) -> int:
+  return -(-int(n) // multiple) * multiple
+
+
+def sft_eval_fn(model_cfg):
+  """jitted (params, batch) -> per-row sums over assistant tokens: (-logp, tokens, argmax hits)."""
+  import jax
+  import jax.numpy as jnp
+  from rl.train_step import token_logprobs
+
+  @jax.jit
+  def fn(params, batch):
+    from models import qwen3_5
+    hidden, _ = qwen3_5.forward_hidden(model_cfg, params, batch["tokens"])
+    logits = qwen3_5.logits_from_hidden(model_cfg, params, hidden[:, :-1])
+    hit = (jnp.argmax(logits, -1) == batch["tokens"][:, 1:])
+    lp, _ = token_logprobs(model_cfg, params, batch["tokens"], 1.0)
+    m = batch["loss_mask"][:, 1:] > 0
+    return (-(lp[:, 1:] * m).sum(1), m.sum(1), (hit & m).sum(1))
+  return fn
+
+
+def sft_validate(eval_fn, params, data: dict, batch_size: int, multiple: int) -> dict:
+  """Held-out teacher-forced figures on oracle trajectories: assistant-token loss and accuracy,
+  and the share of trajectories whose every assistant token is the argmax (greedy-exact)."""
+  nll, n, hits = [], [], []
+  for i in range(0, len(data["tokens"]), batch_size):
+    rows = slice(i, i + batch_size)
+    t = _bucket(data["lengths"][rows].max(), multiple)
+    a, b, c = eval_fn(params, {"tokens": data["tokens"][rows, :t],
+                               "loss_mask": data["loss_mask"][rows, :t]})
+    nll.append(np.asarray(a)); n.append(np.asarray(b)); hits.append(np.asarray(c))
+  nll, n, hits = map(np.concatenate, (nll, n, hits))
+  return {"val_loss": float(nll.sum() / max(n.sum(), 1)),
+          "val_token_acc": float(hits.sum() / max(n.sum(), 1)),
+          "val_greedy_exact": float(np.mean(hits == n))}
+
+
+def length_grouped_batches(rows: np.ndarray, lengths: np.ndarray, batch_size: int,
+                           rng: np.random.Generator, window: int = 16) -> list:
+  """One epoch of batches: rows shuffled, then sorted by length inside windows of
+  `window` batches, so a batch's rows have similar lengths and little padding; batch order
+  shuffled. A short last batch is dropped (one more compiled shape for a few rows; they come
+  back in the next epoch's shuffle)."""
+  order = rng.permutation(rows)
+  out = []
+  span = batch_size * window
+  for i in range(0, len(order), span):
+    chunk = order[i:i + span]
+    chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+    out.extend(chunk[j:j + batch_size] for j in range(0, len(chunk), batch_size)
+               if j + batch_size <= len(chunk))
+  rng.shuffle(out)
+  return out
+
+
+def sft_train(config, data: dict, params, metrics: Optional[Metrics] = None,
+              val_data: Optional[dict] = None, on_save=None):
+  """config.sft.steps AdamW steps of `sft_loss` over shuffled rows of `data`; returns params.
+
+  Each batch is cut to its longest row rounded up to sft.pad_multiple tokens (a few compiled
+  shapes instead of every batch padded to the longest trajectory of the data). With
+  `val_data`, held-out figures are logged every sft.eval_every steps; `on_save(step, params)`
+  runs every sft.save_every steps.
+  """
   import jax
   import optax
   from models import qwen3_5
   model_cfg = qwen3_5.config_from_dict(config.model)
   opt = sft_optimizer(config)
+  lm_weight = float(config.sft.lm_loss_weight)
+  multiple = int(config.sft.pad_multiple) or data["tokens"].shape[1]
 
   @jax.jit
   def step(params, opt_state, batch):
-    loss, grads = jax.value_and_grad(lambda p: sft_loss(model_cfg, p, batch))(params)
+    loss, grads = jax.value_and_grad(lambda p: sft_loss(model_cfg, p, batch, lm_weight))(params)
     updates, opt_state = opt.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss, optax.global_norm(grads)
 
+  eval_fn = sft_eval_fn(model_cfg) if val_data is not None and config.sft.eval_every else None
   opt_state = opt.init(params)
   rows = np.flatnonzero(data["loss_mask"].sum(1) > 0)
   rng = np.random.default_rng(config.seed)
   bs = min(int(config.sft.batch_size), len(rows))
-  order = np.array([], np.int64)
-  with _bar(config, config.sft.steps, "sft") as bar:
-    for i in range(config.sft.steps):
-      if len(order) < bs:
-        order = np.concatenate([order, rng.permutation(rows)])
-      take, order = order[:bs], order[bs:]
-      batch = {k: data[k][take] for k in ("tokens", "loss_mask")}
+  batches: list = []
+  steps = int(config.sft.steps)
+  with _bar(config, steps, "sft") as bar:
+    for i in range(steps):
+      if not batches:
+        batches = length_grouped_batches(rows, data["lengths"], bs, rng)
+      take = batches.pop()
+      t = min(_bucket(data["lengths"][take].max(), multiple), data["tokens"].shape[1])
+      batch = {"tokens": data["tokens"][take, :t], "loss_mask": data["loss_mask"][take, :t],
+               "lengths": data["lengths"][take]}
       params, opt_state, loss, gnorm = step(params, opt_state, batch)
-      if i % max(int(config.train.log_every), 1) == 0 or i == config.sft.steps - 1:
-        loss = float(loss)
-        bar.set_postfix(loss=f"{loss:.3f}")
-        if metrics is not None:
-          metrics.write(i + 1, "sft", {"loss": loss, "grad_norm": float(gnorm)})
+      m = {}
+      if i % max(int(config.train.log_every), 1) == 0 or i == steps - 1:
+        m.update(loss=float(loss), grad_norm=float(gnorm))
+        bar.set_postfix(loss=f"{m['loss']:.3f}")
+      if eval_fn is not None and ((i + 1) % int(config.sft.eval_every) == 0 or i == steps - 1):
+        m.update(sft_validate(eval_fn, params, val_data, bs, multiple))
+        bar.write(f"sft step {i + 1}: " + "  ".join(f"{k} {v:.3f}" for k, v in m.items()))
+      if m and metrics is not None:
+        metrics.write(i + 1, "sft", m)
+      if on_save is not None and config.sft.save_every and (i + 1) % config.sft.save_every == 0:
+        on_save(i + 1, params)
       bar.update(1)
   return params
 
@@ -267,9 +382,25 @@ def sft_dir(config) -> str:
 
 
 def init_params(config):
+  """The policy's starting weights: config.train.init_from (a Hugging Face directory, e.g. a
+  Qwen3.5 release or the tiny base checkpoint) or, when that is empty, the seeded random init."""
   import jax
   from models import qwen3_5
-  return qwen3_5.init_params(qwen3_5.config_from_dict(config.model), jax.random.key(config.seed))
+  cfg = qwen3_5.config_from_dict(config.model)
+  if not config.train.init_from:
+    return qwen3_5.init_params(cfg, jax.random.key(config.seed))
+  path = config.train.init_from
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"config.train.init_from={path!r} is not a directory")
+  loaded_cfg, params = qwen3_5.load_hf(path, dtype=cfg.jnp_param_dtype)
+  want = jax.tree.map(lambda x: (x.shape, x.dtype), jax.eval_shape(
+      lambda: qwen3_5.init_params(cfg, jax.random.key(0))))
+  got = jax.tree.map(lambda x: (x.shape, x.dtype), params)
+  if want != got:
+    raise ValueError(f"config.train.init_from={path!r} holds a model of another shape than "
+                     f"config.model (checkpoint: hidden {loaded_cfg.hidden_size}, "
+                     f"{loaded_cfg.num_hidden_layers} layers, vocab {loaded_cfg.vocab_size})")
+  return params
 
 
 def save_params(directory: str, params, meta: dict) -> None:
@@ -310,12 +441,29 @@ def run_sft(config, metrics: Optional[Metrics] = None):
     raise SystemExit(f"SFT: none of {len(results)} oracle episodes passed, nothing to train "
                      f"on; outcomes: {outcomes}")
   data = collate(ok, config.harness.max_timeouts_per_group, pad_to=None)
-  print(f"SFT: {len(ok)}/{len(results)} oracle episodes passed; rows of {data['tokens'].shape[1]} "
-        f"tokens, {int(data['loss_mask'].sum())} assistant tokens; "
-        f"{time.monotonic() - t0:.0f}s", flush=True)
-  params = sft_train(config, data, init_params(config), metrics)
-  save_params(sft_dir(config), params, {"steps": int(config.sft.steps),
-                                        "episodes": len(ok)})
+  print(f"SFT: {len(ok)}/{len(results)} oracle episodes passed; rows of up to "
+        f"{data['tokens'].shape[1]} tokens (mean {data['lengths'].mean():.0f}), "
+        f"{int(data['loss_mask'].sum())} assistant tokens; {time.monotonic() - t0:.0f}s",
+        flush=True)
+  val = None
+  if config.sft.eval_every and config.sft.eval_tasks:
+    # Held-out figures on the eval split's oracle trajectories (teacher-forced; no sampling).
+    pool = select_tasks(config, "eval", config.sft.levels)
+    vt = pool[::max(1, len(pool) // int(config.sft.eval_tasks))][:int(config.sft.eval_tasks)]
+    vres = [r for r in collect_oracle(config, vt) if r.passed]
+    val = collate(vres, config.harness.max_timeouts_per_group, pad_to=None) if vres else None
+  from models import qwen3_5
+  model_cfg = qwen3_5.config_from_dict(config.model)
+
+  def export(step, params):
+    save_params(sft_dir(config), params, {"steps": int(step), "episodes": len(ok)})
+    if config.sft.export_hf:
+      qwen3_5.save_hf(model_cfg, params, config.sft.export_hf)
+
+  params = sft_train(config, data, init_params(config), metrics, val, export)
+  export(int(config.sft.steps), params)
+  if config.sft.export_hf:
+    print(f"SFT: Hugging Face checkpoint in {config.sft.export_hf}", flush=True)
   print(f"SFT: done in {time.monotonic() - t0:.0f}s; params in {sft_dir(config)}", flush=True)
   return params
 
@@ -418,6 +566,8 @@ def run_rl(config, flags=None) -> dict:
         params = run_sft(config, metrics)
       else:
         print(f"SFT params from {sft_dir(config)}", flush=True)
+    if params is None and config.train.init_from:
+      params = init_params(config)
     state = step_fn.init_state(jax.random.key(config.seed))
     if params is not None:
       state = _with_params(step_fn, state, params)

@@ -67,13 +67,19 @@ def _attend(q, k, v, mask, cfg: ModelConfig):
   """
   b, t, nh, hd = q.shape
   nkv = k.shape[2]
-  q = q.reshape(b, t, nkv, nh // nkv, hd)  # query heads grouped by the kv head they share
-  logits = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+  g = nh // nkv
+  # Query heads grouped by the kv head they share, in the score layout [b, kv, g, t, s]:
+  # only q, k, v (small) are transposed, never the [t, s] scores, which on CPU costs as much
+  # as the softmax itself.
+  q = jnp.transpose(q.reshape(b, t, nkv, g, hd), (0, 2, 3, 1, 4))       # [b, kv, g, t, hd]
+  k = jnp.transpose(k, (0, 2, 1, 3))                                    # [b, kv, s, hd]
+  v = jnp.transpose(v, (0, 2, 1, 3))
+  logits = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
   logits = logits * (hd ** -0.5)
   logits = jnp.where(mask[:, None, None], logits, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-  return out.reshape(b, t, nh, hd)
+  out = jnp.einsum("bkgts,bksd->bkgtd", probs, v)
+  return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, nh, hd)
 
 
 def _attend_query_chunks(q, k, v, chunk: int, cfg: ModelConfig):

@@ -89,6 +89,88 @@ def test_tool_subset_shows_only_the_named_tools():
     loop.ToolSubsetSpec(_Spec(), ("a", "zzz")).start().tools()
 
 
+_READ = {"type": "function", "function": {
+    "name": "read", "description": "Read a file.",
+    "parameters": {"type": "object", "title": "read_args",
+                   "properties": {"path": {"title": "Path", "type": "string"},
+                                  "limit": {"title": "Limit", "type": "integer", "default": 5}},
+                   "required": ["path"]}}}
+
+
+def test_compact_tool_schema_keeps_the_name_and_required_typed_parameters():
+  assert loop.compact_tool(_READ) == {"type": "function", "function": {
+      "name": "read", "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
+                                     "required": ["path"]}}}
+
+  class One(_World):
+    def tools(self):
+      return [_READ]
+
+  @dataclasses.dataclass(frozen=True)
+  class OneSpec:
+    def start(self):
+      return One()
+
+  w = loop.ToolSubsetSpec(OneSpec(), (), "compact").start()
+  assert w.tools() == [loop.compact_tool(_READ)]
+  with pytest.raises(ValueError, match="tool_schema"):
+    loop.ToolSubsetSpec(OneSpec(), (), "short").start()
+
+
+def test_init_from_loads_a_hugging_face_checkpoint_and_rejects_other_shapes(tmp_path):
+  import jax
+  from models import qwen3_5
+  c = tiny_cpu.get_config()
+  cfg = qwen3_5.config_from_dict(c.model)
+  params = qwen3_5.init_params(cfg, jax.random.key(3))
+  qwen3_5.save_hf(cfg, params, str(tmp_path / "ck"))
+  with c.unlocked():
+    c.train.init_from = str(tmp_path / "ck")
+  got = loop.init_params(c)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with c.unlocked():
+    c.model.hidden_size = 32
+  with pytest.raises(ValueError, match="another shape"):
+    loop.init_params(c)
+  with c.unlocked():
+    c.train.init_from = str(tmp_path / "missing")
+  with pytest.raises(FileNotFoundError, match="init_from"):
+    loop.init_params(c)
+
+
+def test_length_grouped_batches_cover_each_row_once_with_little_padding():
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(100, 3000, 200)
+  rows = np.arange(200)
+  batches = loop.length_grouped_batches(rows, lengths, 8, np.random.default_rng(1))
+  assert all(len(b) == 8 for b in batches)
+  assert sorted(np.concatenate(batches).tolist()) == rows.tolist()
+  grouped = np.mean([lengths[b].max() for b in batches])
+  random = np.mean([lengths[b].max() for b in np.split(rng.permutation(rows), 25)])
+  assert grouped < 0.8 * random
+  assert len(loop.length_grouped_batches(np.arange(20), lengths, 8, rng)) == 2  # 4 rows dropped
+
+
+def test_sft_loss_adds_the_weighted_next_token_loss_over_the_valid_length():
+  import jax
+  from models import qwen3_5
+  c = tiny_cpu.get_config()
+  cfg = qwen3_5.config_from_dict(c.model)
+  params = qwen3_5.init_params(cfg, jax.random.key(0))
+  tokens = np.random.default_rng(0).integers(3, 1000, (2, 12)).astype(np.int32)
+  mask = np.zeros((2, 12), np.int32)
+  mask[:, 8:10] = 1
+  batch = {"tokens": tokens, "loss_mask": mask, "lengths": np.array([12, 10], np.int32)}
+  from rl.train_step import token_logprobs
+  lp = np.asarray(token_logprobs(cfg, params, tokens, 1.0)[0])
+  sft = -(lp * mask).sum() / mask.sum()
+  lm = -(lp[0, 1:12].sum() + lp[1, 1:10].sum()) / (11 + 9)
+  np.testing.assert_allclose(float(loop.sft_loss(cfg, params, batch)), sft, rtol=1e-5)
+  np.testing.assert_allclose(float(loop.sft_loss(cfg, params, batch, 0.5)), sft + 0.5 * lm,
+                             rtol=1e-5)
+
+
 def test_tiny_config_eval_subset_has_at_least_160_held_out_tasks():
   c = tiny_cpu.get_config()
   ev = loop.select_tasks(c, "eval", c.loop.eval_levels, c.loop.eval_max_tasks)
