@@ -34,6 +34,9 @@ def apply(c, preset: str):
   c.train.seq_len = 32_768           # padded training row; trajectories up to max_context
   c.train.max_context = 160_000
   c.train.steps = 200
+  # The released Qwen3.5 weights, as a local Hugging Face directory (set it per run:
+  # --config.train.init_from=/path/to/Qwen3.5-35B-A3B); the report runs RL straight from it.
+  c.train.init_from = ""
 
   c.checkpoint.save_every = 10
   c.checkpoint.keep = 3

@@ -403,10 +403,11 @@ def init_params(config):
   return params
 
 
-def save_params(directory: str, params, meta: dict) -> None:
+def save_params(directory: str, params, meta: dict, step: int = 0) -> None:
+  """Params under `directory` as checkpoint `step`; only the newest one is kept."""
   from rl.checkpoint import Checkpointer
   ck = Checkpointer(directory, save_every=1, keep=1, async_save=False)
-  ck.save(0, {"params": params}, meta)
+  ck.save(step, {"params": params}, meta, force=True)
   ck.close()
 
 
@@ -416,7 +417,9 @@ def load_params(directory: str, config):
   from rl.checkpoint import Checkpointer
   if not os.path.isdir(directory):
     return None
-  like = jax.eval_shape(lambda: {"params": init_params(config)})
+  from models import qwen3_5
+  cfg = qwen3_5.config_from_dict(config.model)
+  like = jax.eval_shape(lambda: {"params": qwen3_5.init_params(cfg, jax.random.key(0))})
   ck = Checkpointer(directory, save_every=1, keep=1, async_save=False)
   try:
     out = ck.restore_latest(like)
@@ -455,10 +458,15 @@ def run_sft(config, metrics: Optional[Metrics] = None):
   from models import qwen3_5
   model_cfg = qwen3_5.config_from_dict(config.model)
 
+  saved = []
+
   def export(step, params):
-    save_params(sft_dir(config), params, {"steps": int(step), "episodes": len(ok)})
+    if saved and saved[-1] == step:
+      return
+    save_params(sft_dir(config), params, {"steps": int(step), "episodes": len(ok)}, step)
     if config.sft.export_hf:
       qwen3_5.save_hf(model_cfg, params, config.sft.export_hf)
+    saved.append(step)
 
   params = sft_train(config, data, init_params(config), metrics, val, export)
   export(int(config.sft.steps), params)

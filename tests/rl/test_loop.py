@@ -171,6 +171,22 @@ def test_sft_loss_adds_the_weighted_next_token_loss_over_the_valid_length():
                              rtol=1e-5)
 
 
+def test_save_params_keeps_the_newest_save_and_load_params_returns_it(tmp_path):
+  import jax
+  c = tiny_cpu.get_config()
+  with c.unlocked():
+    c.train.init_from = ""
+  first = loop.init_params(c)
+  second = jax.tree.map(lambda x: x + 1.0, first)
+  d = str(tmp_path / "sft")
+  assert loop.load_params(d, c) is None
+  loop.save_params(d, first, {"steps": 50}, 50)
+  loop.save_params(d, second, {"steps": 100}, 100)
+  got = loop.load_params(d, c)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(second)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_tiny_config_eval_subset_has_at_least_160_held_out_tasks():
   c = tiny_cpu.get_config()
   ev = loop.select_tasks(c, "eval", c.loop.eval_levels, c.loop.eval_max_tasks)
