@@ -6,14 +6,17 @@ level-1 train tasks, with a held-out eval (all 168 level-1 tasks of the eval spl
 worlds none of which training sees) before and after RL. Level 1 = one named source, one tool
 call, one answer.
 
-The base checkpoint plays the part the Qwen3.5 release plays for the full-size configs: a
-model that already reads the worlds' text. It is built by
+The base checkpoint plays the part the Qwen3.5 release plays for the full-size configs: the
+weights the post-training starts from. It is built by
 
   python launch.py --config=configs/tiny_cpu.py:base --mode=sft
 
 (the `base` variant below: the same SFT from a random init, on 2000 level-1 train tasks, with
 a language-modelling loss on every trajectory token, run far longer than `make run` can
-afford; README: "The tiny base checkpoint"). Only train-split worlds feed it.
+afford; only train-split worlds feed it). Status (README, "The tiny base checkpoint"): after
+400 steps it writes well-formed tool calls and answers in the right shape, but it has not yet
+learned to copy a path from the prompt or a figure from a tool's output, so its held-out
+pass@1 is still 0 and the RL step of `make run` has no reward signal to work with.
 
 Sequence length is what costs on a CPU (the attention scores grow with its square), so the
 policy sees only the seven read tools level-1 tasks need, each as a compact schema (name and
