@@ -89,7 +89,6 @@ def _base_variant(c):
   c.envs.level_weights = (1.0, 0.0, 0.0)
   c.sft.max_tasks = 0
   c.sft.steps = 400
-  c.sft.batch_size = 8
   c.sft.lr = 3e-3
   c.sft.warmup_steps = 10
   c.sft.pad_multiple = 256

@@ -275,17 +275,17 @@ def sft_eval_fn(model_cfg):
   """jitted (params, batch) -> per-row sums over assistant tokens: (-logp, tokens, argmax hits)."""
   import jax
   import jax.numpy as jnp
-  from rl.train_step import token_logprobs
+  from models import qwen3_5
 
   @jax.jit
   def fn(params, batch):
-    from models import qwen3_5
     hidden, _ = qwen3_5.forward_hidden(model_cfg, params, batch["tokens"])
     logits = qwen3_5.logits_from_hidden(model_cfg, params, hidden[:, :-1])
-    hit = (jnp.argmax(logits, -1) == batch["tokens"][:, 1:])
-    lp, _ = token_logprobs(model_cfg, params, batch["tokens"], 1.0)
+    targets = batch["tokens"][:, 1:]
+    lp = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
+    hit = jnp.argmax(logits, -1) == targets
     m = batch["loss_mask"][:, 1:] > 0
-    return (-(lp[:, 1:] * m).sum(1), m.sum(1), (hit & m).sum(1))
+    return (-(lp * m).sum(1), m.sum(1), (hit & m).sum(1))
   return fn
 
 
@@ -458,18 +458,16 @@ def run_sft(config, metrics: Optional[Metrics] = None):
   from models import qwen3_5
   model_cfg = qwen3_5.config_from_dict(config.model)
 
-  saved = []
 
   def export(step, params):
-    if saved and saved[-1] == step:
-      return
     save_params(sft_dir(config), params, {"steps": int(step), "episodes": len(ok)}, step)
     if config.sft.export_hf:
       qwen3_5.save_hf(model_cfg, params, config.sft.export_hf)
-    saved.append(step)
 
   params = sft_train(config, data, init_params(config), metrics, val, export)
-  export(int(config.sft.steps), params)
+  steps, every = int(config.sft.steps), int(config.sft.save_every)
+  if not (every and steps and steps % every == 0):  # else sft_train's last save was this one
+    export(steps, params)
   if config.sft.export_hf:
     print(f"SFT: Hugging Face checkpoint in {config.sft.export_hf}", flush=True)
   print(f"SFT: done in {time.monotonic() - t0:.0f}s; params in {sft_dir(config)}", flush=True)
