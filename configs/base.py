@@ -263,6 +263,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.sft.pad_multiple = 512           # a batch is cut to its longest row rounded up to this (few compiled shapes); 0 = longest of the data
   c.sft.eval_every = 0               # steps between held-out figures (teacher-forced, eval-split oracle trajectories); 0 = never
   c.sft.eval_tasks = 48              # eval-split tasks of those figures (spread over the split)
+  c.sft.copy_drill_rows = 0          # + synthetic copy rows per step (rl.loop.copy_drill_batch); 0 = none
+  c.sft.copy_drill_len = 32          # tokens copied per drill row (rows are twice this long)
+  c.sft.copy_drill_weight = 1.0      # weight of the drill loss in the SFT loss
   c.sft.save_every = 0               # steps between SFT saves (orbax, and export_hf when set); 0 = at the end only
 
   # The RL loop (rl/loop.py, --mode=rl): rollouts -> train step -> weight sync -> eval.

@@ -12,11 +12,12 @@ weights the post-training starts from. It is built by
   python launch.py --config=configs/tiny_cpu.py:base --mode=sft
 
 (the `base` variant below: the same SFT from a random init, on 2000 level-1 train tasks, with
-a language-modelling loss on every trajectory token, run far longer than `make run` can
-afford; only train-split worlds feed it). Status (README, "The tiny base checkpoint"): after
-400 steps it writes well-formed tool calls and answers in the right shape, but it has not yet
-learned to copy a path from the prompt or a figure from a tool's output, so its held-out
-pass@1 is still 0 and the RL step of `make run` has no reward signal to work with.
+a language-modelling loss on every trajectory token and synthetic copy rows, run far longer
+than `make run` can afford; only train-split worlds feed it). Status (README, "The tiny base
+checkpoint"): after 400 steps it has learned to copy on the drill rows and writes well-formed
+tool calls and answers in the right shape, but does not yet copy a path from the prompt or a
+figure from a tool's output in the agent context, so its held-out pass@1 is still 0 and the
+RL step of `make run` has no reward signal to work with.
 
 Sequence length is what costs on a CPU (the attention scores grow with its square), so the
 policy sees only the seven read tools level-1 tasks need, each as a compact schema (name and
@@ -40,12 +41,20 @@ def get_config(arg=None):
   c.name = "tiny_cpu"
   # Thinking off and short turns: the tiny model answers or calls a tool directly.
   c.tokenizer.thinking = False
-  c.harness.max_tokens_per_turn = 96
-  c.harness.max_turns = 4
+  # A level-1 episode is two turns (call, answer) of at most 62 tokens each in the oracle's
+  # trajectories; one spare turn leaves room for a repaired call.
+  c.harness.max_tokens_per_turn = 72
+  c.harness.max_turns = 3
   c.harness.num_workers = 4
   c.harness.model_timeout_s = 300.0
   c.harness.episode_timeout_s = 900.0
   c.model.attention_query_chunk = 0
+  # Copying a path from the prompt or a figure from a tool's output is the skill level-1 tasks
+  # test. On the copy drill (benchmarks/copy_drill.py) the untied, quarter-rotary model sits on
+  # the uniform-loss plateau for 600 steps; tying the LM head to the embedding and rotating
+  # the whole head leaves it within ~100 steps. Both are Hugging Face config fields.
+  c.model.tie_word_embeddings = True
+  c.model.partial_rotary_factor = 1.0
   # Level-1 trajectories are 0.8-2.3k tokens with the compact seven-tool system turn.
   c.train.max_context = 2560
   c.train.seq_len = 2560
@@ -93,6 +102,10 @@ def _base_variant(c):
   c.sft.warmup_steps = 10
   c.sft.pad_multiple = 256
   c.sft.lm_loss_weight = 0.3
+  # Dense copy rows next to the agent data: the copying that level-1 tasks rest on is a few
+  # tokens in ~1500 of a trajectory, too sparse a signal to learn it from (README).
+  c.sft.copy_drill_rows = 32
+  c.sft.copy_drill_len = 32
   c.sft.eval_every = 50
   c.sft.eval_tasks = 48
   c.sft.save_every = 50

@@ -255,6 +255,20 @@ def sft_loss(model_cfg, params, batch, lm_weight: float = 0.0):
   return loss
 
 
+def copy_drill_batch(rng, rows: int, length: int, low: int, high: int) -> dict:
+  """Synthetic copy rows `x_1..x_n x_1..x_n`, x uniform in [low, high); loss on the second copy
+  after its first token (which nothing predicts). A small model learns the skill level-1 tasks
+  rest on (copying a path from the prompt, a figure from a tool's output) from these dense rows
+  within ~100 steps, and from agent trajectories alone (a few copied tokens in ~1500) hardly
+  at all (benchmarks/copy_drill.py). Same keys as an SFT batch, so `sft_loss` scores it."""
+  x = rng.integers(low, high, (rows, length))
+  tokens = np.concatenate([x, x], axis=1).astype(np.int32)
+  loss_mask = np.zeros(tokens.shape, np.float32)
+  loss_mask[:, length + 1:] = 1.0
+  return {"tokens": tokens, "loss_mask": loss_mask,
+          "lengths": np.full((rows,), 2 * length, np.int32)}
+
+
 def sft_optimizer(config):
   from rl.train_step import make_optimizer
   optim = config.optim.copy_and_resolve_references()
@@ -339,17 +353,28 @@ def sft_train(config, data: dict, params, metrics: Optional[Metrics] = None,
   opt = sft_optimizer(config)
   lm_weight = float(config.sft.lm_loss_weight)
   multiple = int(config.sft.pad_multiple) or data["tokens"].shape[1]
+  drill_rows, drill_weight = int(config.sft.copy_drill_rows), float(config.sft.copy_drill_weight)
+  if drill_rows:
+    from envs.chat.tokenizer import ordinary_id_range
+    drill_ids = ordinary_id_range(config.tokenizer.special_ids, model_cfg.vocab_size)
+
+  def total_loss(p, batch, drill):
+    loss = sft_loss(model_cfg, p, batch, lm_weight)
+    drill_loss = sft_loss(model_cfg, p, drill) if drill is not None else 0.0
+    return loss + drill_weight * drill_loss, drill_loss
 
   @jax.jit
-  def step(params, opt_state, batch):
-    loss, grads = jax.value_and_grad(lambda p: sft_loss(model_cfg, p, batch, lm_weight))(params)
+  def step(params, opt_state, batch, drill):
+    (loss, drill_loss), grads = jax.value_and_grad(total_loss, has_aux=True)(params, batch, drill)
     updates, opt_state = opt.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss, optax.global_norm(grads)
+    return (optax.apply_updates(params, updates), opt_state, loss, optax.global_norm(grads),
+            drill_loss)
 
   eval_fn = sft_eval_fn(model_cfg) if val_data is not None and config.sft.eval_every else None
   opt_state = opt.init(params)
   rows = np.flatnonzero(data["loss_mask"].sum(1) > 0)
   rng = np.random.default_rng(config.seed)
+  drill_rng = np.random.default_rng([config.seed, 1])
   bs = min(int(config.sft.batch_size), len(rows))
   batches: list = []
   steps = int(config.sft.steps)
@@ -361,10 +386,14 @@ def sft_train(config, data: dict, params, metrics: Optional[Metrics] = None,
       t = min(_bucket(data["lengths"][take].max(), multiple), data["tokens"].shape[1])
       batch = {"tokens": data["tokens"][take, :t], "loss_mask": data["loss_mask"][take, :t],
                "lengths": data["lengths"][take]}
-      params, opt_state, loss, gnorm = step(params, opt_state, batch)
+      drill = (copy_drill_batch(drill_rng, drill_rows, int(config.sft.copy_drill_len), *drill_ids)
+               if drill_rows else None)
+      params, opt_state, loss, gnorm, drill_loss = step(params, opt_state, batch, drill)
       m = {}
       if i % max(int(config.train.log_every), 1) == 0 or i == steps - 1:
         m.update(loss=float(loss), grad_norm=float(gnorm))
+        if drill_rows:
+          m.update(copy_drill_loss=float(drill_loss))
         bar.set_postfix(loss=f"{m['loss']:.3f}")
       if eval_fn is not None and ((i + 1) % int(config.sft.eval_every) == 0 or i == steps - 1):
         m.update(sft_validate(eval_fn, params, val_data, bs, multiple))

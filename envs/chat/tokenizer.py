@@ -27,6 +27,16 @@ TINY_SPECIAL_IDS = {tok: i for i, tok in enumerate(QWEN3_5_SPECIAL_IDS)}
 
 _EXPECTED = {"qwen3_5": QWEN3_5_SPECIAL_IDS, "tiny": TINY_SPECIAL_IDS}
 
+
+def ordinary_id_range(special_ids: str, vocab_size: int) -> tuple[int, int]:
+  """[low, high) ids holding no control token: after the tiny table, before the Qwen3.5 one."""
+  if special_ids not in _EXPECTED:
+    raise ValueError(f"unknown special_ids table {special_ids!r}; one of {sorted(_EXPECTED)}")
+  table = _EXPECTED[special_ids]
+  if special_ids == "tiny":
+    return len(table), int(vocab_size)
+  return 0, min(int(vocab_size), min(table.values()))
+
 TINY_TOKENIZER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                    "tiny_tokenizer.json")
 

@@ -18,7 +18,12 @@ from tests.models.hf_reference import hf_grads_per_expert, make_hf_model
 CONFIGS = {
     "moe_shared_expert": dict(moe=True),
     "dense": dict(moe=False),
-    "moe_tied_embeddings": dict(moe=True, tie_word_embeddings=True),
+    # Tied embeddings with full-width rotary: the tiny default's settings (configs/tiny_cpu.py).
+    "moe_tied_embeddings_full_rotary": dict(
+        moe=True, tie_word_embeddings=True,
+        rope_parameters=dict(rope_type="default", rope_theta=10_000_000.0,
+                             partial_rotary_factor=1.0, mrope_section=[6, 5, 5],
+                             mrope_interleaved=True)),
     "moe_odd_topk_two_cycles": dict(moe=True, num_experts_per_tok=3, num_hidden_layers=8,
                                     num_key_value_heads=1, linear_num_value_heads=6,
                                     linear_num_key_heads=2),

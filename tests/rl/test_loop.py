@@ -171,6 +171,54 @@ def test_sft_loss_adds_the_weighted_next_token_loss_over_the_valid_length():
                              rtol=1e-5)
 
 
+def test_copy_drill_rows_repeat_their_first_half_and_score_only_the_predictable_copy():
+  d = loop.copy_drill_batch(np.random.default_rng(0), rows=4, length=6, low=9, high=20)
+  assert d["tokens"].shape == (4, 12) and d["tokens"].dtype == np.int32
+  np.testing.assert_array_equal(d["tokens"][:, :6], d["tokens"][:, 6:])
+  assert d["tokens"].min() >= 9 and d["tokens"].max() < 20
+  np.testing.assert_array_equal(d["loss_mask"][0], [0] * 7 + [1] * 5)
+  np.testing.assert_array_equal(d["lengths"], [12] * 4)
+
+
+def test_ordinary_id_range_excludes_every_control_token():
+  from envs.chat import tokenizer
+  lo, hi = tokenizer.ordinary_id_range("tiny", 1024)
+  assert (lo, hi) == (len(tokenizer.TINY_SPECIAL_IDS), 1024)
+  lo, hi = tokenizer.ordinary_id_range("qwen3_5", 248320)
+  assert lo == 0 and hi <= min(tokenizer.QWEN3_5_SPECIAL_IDS.values())
+  with pytest.raises(ValueError, match="special_ids"):
+    tokenizer.ordinary_id_range("gpt2", 100)
+
+
+def test_sft_train_loss_adds_the_weighted_copy_drill_loss(tmp_path):
+  import jax
+  from models import qwen3_5
+  c = tiny_cpu.get_config()
+  with c.unlocked():
+    c.train.init_from = ""
+    c.sft.steps, c.sft.batch_size, c.sft.lr, c.sft.pad_multiple = 1, 2, 1e-3, 0
+    c.sft.warmup_steps = 0
+    c.sft.copy_drill_rows, c.sft.copy_drill_len, c.sft.copy_drill_weight = 3, 5, 0.5
+    c.loop.tensorboard = False
+  cfg = qwen3_5.config_from_dict(c.model)
+  params = loop.init_params(c)
+  tokens = np.random.default_rng(0).integers(9, 1000, (2, 16)).astype(np.int32)
+  mask = np.zeros((2, 16), np.float32)
+  mask[:, 10:14] = 1
+  data = {"tokens": tokens, "loss_mask": mask, "lengths": np.array([16, 16], np.int32)}
+  metrics = loop.Metrics(str(tmp_path), False)
+  trained = loop.sft_train(c, data, params, metrics)
+  metrics.close()
+  logged = json.loads(open(tmp_path / "metrics.jsonl").read().splitlines()[0])
+  # The step's drill rows, redrawn from the same seed; the loss is taken before the update.
+  drill = loop.copy_drill_batch(np.random.default_rng([c.seed, 1]), 3, 5, 9, 1024)
+  want_drill = float(loop.sft_loss(cfg, params, drill))
+  want = float(loop.sft_loss(cfg, params, data)) + 0.5 * want_drill
+  np.testing.assert_allclose(logged["copy_drill_loss"], want_drill, rtol=1e-5)
+  np.testing.assert_allclose(logged["loss"], want, rtol=1e-5)
+  assert not jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), params, trained))
+
+
 def test_save_params_keeps_the_newest_save_and_load_params_returns_it(tmp_path):
   import jax
   c = tiny_cpu.get_config()
