@@ -2,8 +2,9 @@
 
 Level-1 agent tasks are copying tasks at heart (a path from the prompt into a tool call, a
 figure from the tool's output into the answer), so a configuration that cannot learn to copy
-cannot learn them. A row is `<bos> x_1..x_n <sep> x_1..x_n` with x drawn uniformly from the
-vocabulary; the loss is on the second copy only. Every variant starts from the tiny default
+cannot learn them. The rows are the ones SFT mixes in (`rl.loop.copy_drill_batch`,
+`sft.copy_drill_rows`): `x_1..x_n x_1..x_n` with x uniform over the ordinary tokens, loss and
+accuracy on the second copy after its first token. Every variant starts from the tiny default
 (configs/tiny_cpu.py) with the same seeds, batches and optimizer; one overrides its model
 fields.
 
@@ -28,7 +29,9 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from configs import tiny_cpu  # noqa: E402
+from envs.chat.tokenizer import ordinary_id_range  # noqa: E402
 from models import qwen3_5  # noqa: E402
+from rl import loop  # noqa: E402
 
 # name -> model-field overrides on top of configs/tiny_cpu.py.
 VARIANTS = {
@@ -39,12 +42,6 @@ VARIANTS = {
 }
 
 
-def copy_rows(rng, batch, n, vocab):
-  x = rng.integers(10, vocab, (batch, n))
-  bos, sep = np.full((batch, 1), 3), np.full((batch, 1), 4)
-  return np.concatenate([bos, x, sep, x], axis=1).astype(np.int32)
-
-
 def run_variant(overrides, args):
   m = tiny_cpu.get_config().model
   m.update(overrides)
@@ -53,30 +50,24 @@ def run_variant(overrides, args):
   opt = optax.adamw(optax.warmup_constant_schedule(0.0, args.lr, 20), 0.9, 0.98,
                     weight_decay=0.01)
   opt_state = opt.init(params)
-  n = args.length
-
-  def loss_fn(p, tokens):
-    hidden, _ = qwen3_5.forward_hidden(cfg, p, tokens)
-    logits = qwen3_5.logits_from_hidden(cfg, p, hidden[:, :-1])
-    target = tokens[:, 1:]
-    logp = jnp.take_along_axis(jax.nn.log_softmax(logits), target[..., None], -1)[..., 0]
-    # Positions n+1.. predict the second copy.
-    acc = (jnp.argmax(logits, -1) == target)[:, n + 1:].mean()
-    return -logp[:, n + 1:].mean(), acc
+  low, high = ordinary_id_range(tiny_cpu.get_config().tokenizer.special_ids, cfg.vocab_size)
+  scores = loop.sft_eval_fn(cfg)  # per row: (-logp, scored tokens, argmax hits)
 
   @jax.jit
-  def step(p, s, tokens):
-    (loss, acc), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, tokens)
+  def step(p, s, batch):
+    loss, grads = jax.value_and_grad(lambda q: loop.sft_loss(cfg, q, batch))(p)
     updates, s = opt.update(grads, s, p)
-    return optax.apply_updates(p, updates), s, loss, acc
+    return optax.apply_updates(p, updates), s, loss
 
   rng = np.random.default_rng(args.seed)
   curve, first_half = [], None
   t0 = time.perf_counter()
   for i in range(args.steps + 1):
-    params, opt_state, loss, acc = step(params, opt_state,
-                                        copy_rows(rng, args.batch, n, cfg.vocab_size))
-    acc = float(acc)
+    # The rows the tiny base is trained on (sft.copy_drill_rows), scored before the update.
+    batch = loop.copy_drill_batch(rng, args.batch, args.length, low, high)
+    _, counts, hits = scores(params, batch)
+    acc = float(hits.sum() / counts.sum())
+    params, opt_state, loss = step(params, opt_state, batch)
     if first_half is None and acc >= 0.5:
       first_half = i
     if i % args.every == 0:

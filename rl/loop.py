@@ -487,7 +487,6 @@ def run_sft(config, metrics: Optional[Metrics] = None):
   from models import qwen3_5
   model_cfg = qwen3_5.config_from_dict(config.model)
 
-
   def export(step, params):
     save_params(sft_dir(config), params, {"steps": int(step), "episodes": len(ok)}, step)
     if config.sft.export_hf:
