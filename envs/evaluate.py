@@ -165,19 +165,23 @@ def run_tasks(task_list, envs_cfg, policy: str, transport: str, concurrency: int
   return sorted(results, key=lambda o: order[o.task_id])
 
 
+def pass_and_reward(items, domain_of) -> dict:
+  """n, pass_at_1 and mean_reward over `items` (anything with .passed and .reward), and the
+  same per domain (`domain_of(item)`) under by_domain. Shared by both eval paths."""
+  def agg(xs):
+    n = len(xs)
+    return dict(n=n, pass_at_1=sum(x.passed for x in xs) / max(n, 1),
+                mean_reward=sum(x.reward for x in xs) / max(n, 1))
+  by_domain = collections.defaultdict(list)
+  for x in items:
+    by_domain[domain_of(x)].append(x)
+  return dict(agg(items), by_domain={d: agg(v) for d, v in sorted(by_domain.items())})
+
+
 def summarize(outcomes: list) -> dict:
   """pass_at_1, mean_reward, by_domain{domain: {n, pass_at_1, mean_reward}}, errors{kind: n}."""
-  def agg(os_):
-    n = len(os_)
-    return dict(n=n, pass_at_1=sum(o.passed for o in os_) / max(n, 1),
-                mean_reward=sum(o.reward for o in os_) / max(n, 1))
-  by_dom = collections.defaultdict(list)
-  for o in outcomes:
-    by_dom[o.domain].append(o)
   errors = collections.Counter(e for o in outcomes for e in o.errors)
-  top = agg(outcomes)
-  return dict(pass_at_1=top["pass_at_1"], mean_reward=top["mean_reward"], n=top["n"],
-              by_domain={d: agg(v) for d, v in sorted(by_dom.items())}, errors=dict(errors))
+  return dict(pass_and_reward(outcomes, lambda o: o.domain), errors=dict(errors))
 
 
 def main(config, flags=None):

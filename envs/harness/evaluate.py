@@ -13,11 +13,11 @@ task's world (MCP gateway) and is graded by its rubric. Policies:
 Prints pass@1 and mean reward per domain, the error taxonomy counts, and as its last line
 one JSON object with keys pass_at_1, mean_reward, by_domain, errors.
 """
-import collections
 import functools
 import json
 import time
 
+from envs.evaluate import pass_and_reward
 from envs.harness import errors as E
 from envs.harness.batch import batch_metrics
 from envs.harness.policy import Action
@@ -62,18 +62,10 @@ def policy_factory(config, tasks):
 
 def summarize(results) -> dict:
   """pass@1 and mean reward, overall and per domain, and the taxonomy counts."""
-  def agg(rs):
-    n = len(rs)
-    return dict(n=n, pass_at_1=sum(r.passed for r in rs) / max(n, 1),
-                mean_reward=sum(r.reward for r in rs) / max(n, 1))
-  by_domain = collections.defaultdict(list)
-  for r in results:
-    by_domain[r.meta.get("domain", "")].append(r)
   m = batch_metrics(results)
   errors = {c: int(m[f"errors/{c}"]) for c in E.ERROR_CLASSES if m[f"errors/{c}"]}
-  return dict(agg(results), by_domain={d: agg(v) for d, v in sorted(by_domain.items())},
-              errors=errors, outcomes={o: int(m[f"outcome/{o}"]) for o in E.OUTCOMES
-                                       if m[f"outcome/{o}"]})
+  return dict(pass_and_reward(results, lambda r: r.meta.get("domain", "")), errors=errors,
+              outcomes={o: int(m[f"outcome/{o}"]) for o in E.OUTCOMES if m[f"outcome/{o}"]})
 
 
 def main(config, flags=None):

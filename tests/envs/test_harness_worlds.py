@@ -149,3 +149,24 @@ def test_token_level_oracle_full_splits(tmp_path_factory):
     results = _run(c, tasks, oracle_factory([t.to_json() for t in tasks]))
     bad = [(r.task_id, r.outcome, r.detail) for r in results if not r.passed]
     assert not bad, (split, len(bad), bad[:5])
+
+
+def test_harness_eval_summary_counts_passes_by_domain_and_outcome(sample):
+  from envs.harness import evaluate as harness_evaluate
+  c, tasks = sample
+  picked = [next(t for t in tasks if t.split == "eval"), next(t for t in tasks if t.split == "train")]
+  results = (_run(c, picked, oracle_factory([t.to_json() for t in picked]))
+             + _run(c, picked, harness_evaluate.policy_factory(_with_policy(c, "null"), picked)))
+  s = harness_evaluate.summarize(results)
+  assert (s["n"], s["pass_at_1"], s["mean_reward"]) == (4, 0.5, 0.5)
+  domains = {t.domain for t in picked}
+  assert set(s["by_domain"]) == domains
+  assert sum(v["n"] for v in s["by_domain"].values()) == 4
+  assert all(v["pass_at_1"] == 0.5 for v in s["by_domain"].values())
+  assert sum(s["outcomes"].values()) == 4 and s["outcomes"]["ok"] >= 2
+
+
+def _with_policy(c, policy):
+  c = c.copy_and_resolve_references()
+  c.policy = policy
+  return c
