@@ -254,7 +254,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.sft.steps = 0                    # optimizer steps of the warm start; 0 = no SFT before RL
   c.sft.batch_size = 8               # trajectories per SFT step
   c.sft.lr = 1e-5                    # peak learning rate (AdamW; other optim.* knobs shared)
-  c.sft.warmup_steps = 10            # linear warmup, then cosine to 10% of lr
+  c.sft.warmup_steps = 10            # linear warmup, then sft.schedule
+  c.sft.schedule = "cosine"          # after warmup: cosine (to 10% of lr) | constant
   c.sft.max_tasks = 0                # oracle trajectories collected from the first N train tasks; 0 = all
   c.sft.levels = (1, 2, 3)           # task levels of the SFT data
   c.sft.dir = ""                     # SFT checkpoint directory; "" = <workdir>/<name>/sft (sweeps share one)
@@ -264,8 +265,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.sft.eval_every = 0               # steps between held-out figures (teacher-forced, eval-split oracle trajectories); 0 = never
   c.sft.eval_tasks = 48              # eval-split tasks of those figures (spread over the split)
   c.sft.copy_drill_rows = 0          # + synthetic copy rows per step (rl.loop.copy_drill_batch); 0 = none
-  c.sft.copy_drill_len = 32          # tokens copied per drill row (rows are twice this long)
+  c.sft.copy_drill_len = 32          # tokens copied per drill row
+  c.sft.copy_drill_row_len = 256     # drill row length; segment and copy at random places in it (<= 2x len: fixed offset)
   c.sft.copy_drill_weight = 1.0      # weight of the drill loss in the SFT loss
+  c.sft.copy_drill_only_steps = 0    # the first N of sft.steps train on the drill rows alone (cheap steps; no trajectories)
   c.sft.save_every = 0               # steps between SFT saves (orbax, and export_hf when set); 0 = at the end only
 
   # The RL loop (rl/loop.py, --mode=rl): rollouts -> train step -> weight sync -> eval.

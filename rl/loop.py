@@ -255,18 +255,34 @@ def sft_loss(model_cfg, params, batch, lm_weight: float = 0.0):
   return loss
 
 
-def copy_drill_batch(rng, rows: int, length: int, low: int, high: int) -> dict:
-  """Synthetic copy rows `x_1..x_n x_1..x_n`, x uniform in [low, high); loss on the second copy
-  after its first token (which nothing predicts). A small model learns the skill level-1 tasks
-  rest on (copying a path from the prompt, a figure from a tool's output) from these dense rows
-  within ~100 steps, and from agent trajectories alone (a few copied tokens in ~1500) hardly
-  at all (benchmarks/copy_drill.py). Same keys as an SFT batch, so `sft_loss` scores it."""
+def copy_drill_batch(rng, rows: int, length: int, low: int, high: int, row_len: int = 0) -> dict:
+  """Synthetic copy rows: a segment x_1..x_n (x uniform in [low, high)) and, later in the same
+  row, the segment again; loss on the second copy after its first token (which nothing
+  predicts). Same keys as an SFT batch, so `sft_loss` scores it.
+
+  With row_len <= 2n a row is `x x` and the copy always sits n tokens after the original: a
+  model can then copy by relative position alone ("repeat the token n back"), which the tiny
+  default learns in ~100 steps and which transfers to nothing (benchmarks/copy_drill.py). With
+  a longer row_len the segment and its copy sit at random positions in random filler, so only
+  copying by content (find the earlier occurrence of this token, emit what followed it) lowers
+  the loss: the skill level-1 tasks need (a path from the prompt, a figure from a tool's output).
+  """
   x = rng.integers(low, high, (rows, length))
-  tokens = np.concatenate([x, x], axis=1).astype(np.int32)
-  loss_mask = np.zeros(tokens.shape, np.float32)
-  loss_mask[:, length + 1:] = 1.0
+  row_len = max(int(row_len), 2 * length)
+  if row_len == 2 * length:
+    tokens = np.concatenate([x, x], axis=1).astype(np.int32)
+    starts = np.full((rows,), length)
+  else:
+    tokens = rng.integers(low, high, (rows, row_len)).astype(np.int32)
+    src = rng.integers(0, row_len - 2 * length + 1, (rows,))
+    starts = src + length + rng.integers(0, row_len - length - (src + length) + 1)
+    for r in range(rows):
+      tokens[r, src[r]:src[r] + length] = x[r]
+      tokens[r, starts[r]:starts[r] + length] = x[r]
+  pos = np.arange(row_len)[None, :]
+  loss_mask = ((pos > starts[:, None]) & (pos < starts[:, None] + length)).astype(np.float32)
   return {"tokens": tokens, "loss_mask": loss_mask,
-          "lengths": np.full((rows,), 2 * length, np.int32)}
+          "lengths": np.full((rows,), row_len, np.int32)}
 
 
 def sft_optimizer(config):
@@ -275,7 +291,7 @@ def sft_optimizer(config):
   with optim.unlocked():
     optim.lr = config.sft.lr
     optim.warmup_steps = config.sft.warmup_steps
-    optim.schedule = "cosine"
+    optim.schedule = config.sft.schedule
     optim.min_lr_ratio = 0.1
     optim.decay_steps = 0
   return make_optimizer(optim, config.sft.steps)
@@ -354,6 +370,9 @@ def sft_train(config, data: dict, params, metrics: Optional[Metrics] = None,
   lm_weight = float(config.sft.lm_loss_weight)
   multiple = int(config.sft.pad_multiple) or data["tokens"].shape[1]
   drill_rows, drill_weight = int(config.sft.copy_drill_rows), float(config.sft.copy_drill_weight)
+  drill_only = int(config.sft.copy_drill_only_steps)
+  if drill_only and not drill_rows:
+    raise ValueError(f"sft.copy_drill_only_steps={drill_only} needs sft.copy_drill_rows > 0")
   if drill_rows:
     from envs.chat.tokenizer import ordinary_id_range
     drill_ids = ordinary_id_range(config.tokenizer.special_ids, model_cfg.vocab_size)
@@ -363,12 +382,18 @@ def sft_train(config, data: dict, params, metrics: Optional[Metrics] = None,
     drill_loss = sft_loss(model_cfg, p, drill) if drill is not None else 0.0
     return loss + drill_weight * drill_loss, drill_loss
 
-  @jax.jit
-  def step(params, opt_state, batch, drill):
-    (loss, drill_loss), grads = jax.value_and_grad(total_loss, has_aux=True)(params, batch, drill)
-    updates, opt_state = opt.update(grads, opt_state, params)
-    return (optax.apply_updates(params, updates), opt_state, loss, optax.global_norm(grads),
-            drill_loss)
+  def make_step(loss_fn):
+    @jax.jit
+    def step(params, opt_state, *batches):
+      (loss, drill_loss), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, *batches)
+      updates, opt_state = opt.update(grads, opt_state, params)
+      return (optax.apply_updates(params, updates), opt_state, loss, optax.global_norm(grads),
+              drill_loss)
+    return step
+
+  step = make_step(total_loss)
+  # Drill rows alone: where a small model first forms the content-copy circuit (cheap steps).
+  drill_step = make_step(lambda p, drill: (sft_loss(model_cfg, p, drill),) * 2)
 
   eval_fn = sft_eval_fn(model_cfg) if val_data is not None and config.sft.eval_every else None
   opt_state = opt.init(params)
@@ -382,13 +407,16 @@ def sft_train(config, data: dict, params, metrics: Optional[Metrics] = None,
     for i in range(steps):
       if not batches:
         batches = length_grouped_batches(rows, data["lengths"], bs, rng)
-      take = batches.pop()
-      t = min(_bucket(data["lengths"][take].max(), multiple), data["tokens"].shape[1])
-      batch = {"tokens": data["tokens"][take, :t], "loss_mask": data["loss_mask"][take, :t],
-               "lengths": data["lengths"][take]}
-      drill = (copy_drill_batch(drill_rng, drill_rows, int(config.sft.copy_drill_len), *drill_ids)
-               if drill_rows else None)
-      params, opt_state, loss, gnorm, drill_loss = step(params, opt_state, batch, drill)
+      drill = (copy_drill_batch(drill_rng, drill_rows, int(config.sft.copy_drill_len), *drill_ids,
+                                row_len=int(config.sft.copy_drill_row_len)) if drill_rows else None)
+      if i < drill_only:
+        params, opt_state, loss, gnorm, drill_loss = drill_step(params, opt_state, drill)
+      else:
+        take = batches.pop()
+        t = min(_bucket(data["lengths"][take].max(), multiple), data["tokens"].shape[1])
+        batch = {"tokens": data["tokens"][take, :t], "loss_mask": data["loss_mask"][take, :t],
+                 "lengths": data["lengths"][take]}
+        params, opt_state, loss, gnorm, drill_loss = step(params, opt_state, batch, drill)
       m = {}
       if i % max(int(config.train.log_every), 1) == 0 or i == steps - 1:
         m.update(loss=float(loss), grad_norm=float(gnorm))

@@ -180,6 +180,25 @@ def test_copy_drill_rows_repeat_their_first_half_and_score_only_the_predictable_
   np.testing.assert_array_equal(d["lengths"], [12] * 4)
 
 
+def test_long_copy_drill_rows_put_the_copy_at_varying_offsets_so_position_cannot_solve_them():
+  n, row_len = 6, 40
+  d = loop.copy_drill_batch(np.random.default_rng(0), rows=64, length=n, low=9, high=20,
+                            row_len=row_len)
+  assert d["tokens"].shape == (64, row_len) and d["tokens"].min() >= 9 and d["tokens"].max() < 20
+  np.testing.assert_array_equal(d["lengths"], [row_len] * 64)
+  offsets = []
+  for tokens, mask in zip(d["tokens"], d["loss_mask"]):
+    scored = np.flatnonzero(mask)
+    assert len(scored) == n - 1 and np.all(np.diff(scored) == 1)
+    copy_start = scored[0] - 1
+    copy = tokens[copy_start:copy_start + n]
+    # The copied segment occurs in full earlier in the row, ending before the copy begins.
+    sources = [s for s in range(copy_start - n + 1) if np.array_equal(tokens[s:s + n], copy)]
+    assert sources
+    offsets.append(copy_start - sources[-1])
+  assert min(offsets) >= n and len(set(offsets)) > 10
+
+
 def test_ordinary_id_range_excludes_every_control_token():
   from envs.chat import tokenizer
   lo, hi = tokenizer.ordinary_id_range("tiny", 1024)
@@ -211,12 +230,43 @@ def test_sft_train_loss_adds_the_weighted_copy_drill_loss(tmp_path):
   metrics.close()
   logged = json.loads(open(tmp_path / "metrics.jsonl").read().splitlines()[0])
   # The step's drill rows, redrawn from the same seed; the loss is taken before the update.
-  drill = loop.copy_drill_batch(np.random.default_rng([c.seed, 1]), 3, 5, 9, 1024)
+  drill = loop.copy_drill_batch(np.random.default_rng([c.seed, 1]), 3, 5, 9, 1024,
+                                row_len=c.sft.copy_drill_row_len)
   want_drill = float(loop.sft_loss(cfg, params, drill))
   want = float(loop.sft_loss(cfg, params, data)) + 0.5 * want_drill
   np.testing.assert_allclose(logged["copy_drill_loss"], want_drill, rtol=1e-5)
   np.testing.assert_allclose(logged["loss"], want, rtol=1e-5)
   assert not jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), params, trained))
+
+
+def test_drill_only_steps_train_on_the_drill_rows_alone(tmp_path):
+  from models import qwen3_5
+  c = tiny_cpu.get_config()
+  with c.unlocked():
+    c.train.init_from = ""
+    c.sft.steps, c.sft.batch_size, c.sft.lr, c.sft.pad_multiple = 2, 2, 1e-3, 0
+    c.sft.warmup_steps, c.sft.schedule = 0, "constant"
+    c.sft.copy_drill_rows, c.sft.copy_drill_len, c.sft.copy_drill_row_len = 3, 5, 24
+    c.sft.copy_drill_only_steps = 1
+    c.loop.tensorboard = False
+  cfg = qwen3_5.config_from_dict(c.model)
+  params = loop.init_params(c)
+  data = {"tokens": np.random.default_rng(0).integers(9, 1000, (2, 16)).astype(np.int32),
+          "loss_mask": np.pad(np.ones((2, 4), np.float32), ((0, 0), (10, 2))),
+          "lengths": np.array([16, 16], np.int32)}
+  metrics = loop.Metrics(str(tmp_path), False)
+  loop.sft_train(c, data, params, metrics)
+  metrics.close()
+  first, second = [json.loads(l) for l in open(tmp_path / "metrics.jsonl").read().splitlines()]
+  drill = loop.copy_drill_batch(np.random.default_rng([c.seed, 1]), 3, 5, 9, 1024, row_len=24)
+  want = float(loop.sft_loss(cfg, params, drill))
+  # Step 1: the drill loss alone (no trajectory term); step 2: trajectories + drill again.
+  np.testing.assert_allclose([first["loss"], first["copy_drill_loss"]], [want, want], rtol=1e-5)
+  assert second["loss"] > second["copy_drill_loss"] + 1.0
+  with c.unlocked():
+    c.sft.copy_drill_rows = 0
+  with pytest.raises(ValueError, match="copy_drill_only_steps=1 needs sft.copy_drill_rows"):
+    loop.sft_train(c, data, params)
 
 
 def test_save_params_keeps_the_newest_save_and_load_params_returns_it(tmp_path):
@@ -241,6 +291,16 @@ def test_tiny_config_eval_subset_has_at_least_160_held_out_tasks():
   tr = loop.select_tasks(c, "train", c.loop.levels)
   assert len(ev) >= 160
   assert not {t.world_id for t in ev} & {t.world_id for t in tr}
+
+
+def test_tiny_config_variants_base_keeps_its_fixed_offset_rows_copy_is_drill_only():
+  base_v, copy_v = tiny_cpu.get_config("base"), tiny_cpu.get_config("copy")
+  # The shipped base was built with `x x` rows; the variant must keep reproducing it.
+  assert base_v.sft.copy_drill_row_len == 2 * base_v.sft.copy_drill_len
+  assert copy_v.sft.copy_drill_only_steps == copy_v.sft.steps > 0 and copy_v.sft.copy_drill_rows
+  assert copy_v.sft.copy_drill_row_len > 2 * copy_v.sft.copy_drill_len and not copy_v.train.init_from
+  with pytest.raises(ValueError, match="'base' or 'copy'"):
+    tiny_cpu.get_config("large")
 
 
 def test_sweep_jobs_cover_both_arms_and_reject_unknown_keys(tmp_path):
