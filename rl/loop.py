@@ -584,8 +584,14 @@ def rl_batch(results, config) -> tuple[dict, dict]:
 
 def _evaluate(pool, config, tasks, step: int, tag: str) -> dict:
   eps = make_episodes(tasks, config, config.loop.eval_samples, seed_offset=7919 * (step + 1))
+  eps = [dataclasses.replace(e, temperature=_eval_temperature(config)) for e in eps]
   results = run_pool(pool, eps, config, f"eval {tag}")
   return summarize_eval(results, tasks, config.loop.bootstrap, config.seed)
+
+
+def _eval_temperature(config) -> float:
+  t = float(config.loop.eval_temperature)
+  return float(config.rl.temperature) if t < 0 else t
 
 
 def _fmt_eval(name: str, s: dict) -> str:
@@ -713,6 +719,7 @@ def _finish(summary: dict, config, eval_tasks) -> dict:
   out["eval_subset"] = {"split": "eval", "levels": list(config.loop.eval_levels),
                         "max_tasks": int(config.loop.eval_max_tasks), "n_tasks": len(eval_tasks),
                         "samples_per_task": int(config.loop.eval_samples),
+                        "temperature": _eval_temperature(config),
                         "task_ids": [t.id for t in eval_tasks]}
   out["rl_steps"] = int(config.train.steps)
   b, a = out.get("before_rl"), out.get("after_rl")

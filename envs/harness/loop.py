@@ -165,7 +165,8 @@ def run_episode(episode: Episode, policy, fmt: ChatFormat, s: LoopSettings,
         start_gate.release()
     schemas = _schemas(tools)
     traj = Trajectory(fmt.prompt_ids(tools, episode.prompt, episode.system_prompt))
-    sampling = SamplingParams(s.temperature, s.top_p, s.top_k, episode.seed)
+    temperature = s.temperature if episode.temperature is None else episode.temperature
+    sampling = SamplingParams(temperature, s.top_p, s.top_k, episode.seed)
     repairs = nudges = 0
     while True:
       if res.turns >= s.max_turns:
@@ -237,6 +238,11 @@ def run_episode(episode: Episode, policy, fmt: ChatFormat, s: LoopSettings,
         nudges += 1
         events["nudge"] += 1
         res.meta["nudge_at_tokens"] = len(traj) + len(obs)
+      if len(traj) + len(obs) >= s.max_context:
+        # Ends here rather than after appending: the trajectory (trained, reward 0) must still
+        # fit the context, and so the training row.
+        raise EpisodeError(E.CONTEXT_OVERFLOW, f"tool output of {len(obs)} tokens leaves no room "
+                           f"in the context ({len(traj)} of {s.max_context} used)")
       traj.append_context(obs)
   except EpisodeError as e:
     res.outcome, res.detail = e.outcome, e.detail

@@ -63,6 +63,7 @@ class Episode:
   sample_index: int = 0
   system_prompt: str = ""
   seed: int | None = None     # sampling seed for this rollout
+  temperature: float | None = None  # sampling temperature; None = the loop's (rl.temperature)
   meta: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 

@@ -111,6 +111,21 @@ def test_tito_keeps_noncanonical_sampled_ids(fmt):
   assert tok.encode(decoded) != ids  # re-encoding would have trained on other tokens
 
 
+@pytest.mark.parametrize("episode_temperature,expected", [(None, 1.0), (0.0, 0.0), (0.5, 0.5)])
+def test_episode_temperature_overrides_the_loops(fmt, episode_temperature, expected):
+  """The held-out eval samples at its own temperature (greedy at 0); None keeps the loop's."""
+  seen = []
+
+  class Recorder(F.LookupOracle):
+    def generate(self, prompt_ids, sampling, max_tokens, stop_ids):
+      seen.append(sampling.temperature)
+      return super().generate(prompt_ids, sampling, max_tokens, stop_ids)
+
+  res = run_episode(_episode(temperature=episode_temperature), Recorder(fmt), fmt, SETTINGS)
+  assert res.outcome == E.OK, res.detail
+  assert seen == [expected, expected]
+
+
 def test_repair_then_success(fmt):
   bad = Action(raw="<tool_call>\n<function=lookup>\n<parameter=key>\nalpha\n</tool_call>")
   good = Action(tool_calls=[{"name": "lookup", "arguments": {"key": "alpha"}}])
@@ -159,6 +174,9 @@ def test_nudge_fires_at_the_configured_point_only(fmt):
 def test_context_overflow_is_reward_zero(fmt):
   res = _nudge_run(fmt, SETTINGS, [5000])
   assert res.outcome == E.CONTEXT_OVERFLOW and res.reward == 0.0
+  # A tool output that overflows is not appended: the trajectory still fits a training row.
+  assert 0 < len(res.tokens) <= SETTINGS.max_context
+  assert len(res.loss_mask) == len(res.tokens) == len(res.rollout_logprobs)
 
 
 def _res(group, outcome, reward=1.0, n=5):

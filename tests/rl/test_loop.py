@@ -293,12 +293,15 @@ def test_tiny_config_eval_subset_has_at_least_160_held_out_tasks():
   assert not {t.world_id for t in ev} & {t.world_id for t in tr}
 
 
-def test_tiny_config_variants_base_keeps_its_fixed_offset_rows_copy_is_drill_only():
+def test_tiny_config_variants_build_the_base_in_two_stages_on_content_copy_rows():
   base_v, copy_v = tiny_cpu.get_config("base"), tiny_cpu.get_config("copy")
-  # The shipped base was built with `x x` rows; the variant must keep reproducing it.
-  assert base_v.sft.copy_drill_row_len == 2 * base_v.sft.copy_drill_len
+  # Stage 1 is drill-only from a random init; stage 2 starts from its export.
   assert copy_v.sft.copy_drill_only_steps == copy_v.sft.steps > 0 and copy_v.sft.copy_drill_rows
-  assert copy_v.sft.copy_drill_row_len > 2 * copy_v.sft.copy_drill_len and not copy_v.train.init_from
+  assert not copy_v.train.init_from and base_v.train.init_from == copy_v.sft.export_hf
+  # Both use content-copy rows (copy at a random offset), never the positional `x x` rows.
+  for v in (base_v, copy_v):
+    assert v.sft.copy_drill_row_len > 2 * v.sft.copy_drill_len
+  assert base_v.sft.export_hf == tiny_cpu.get_config().train.init_from
   with pytest.raises(ValueError, match="'base' or 'copy'"):
     tiny_cpu.get_config("large")
 
@@ -353,3 +356,15 @@ def test_summary_format_and_improvement_rule():
   assert out["eval_subset"]["n_tasks"] == 2 and out["eval_subset"]["task_ids"] == ["a", "b"]
   out = loop._finish({"before_rl": b, "after_rl": dict(b, pass_at_1=0.35, pass_at_1_ci95=[0.15, 0.5])}, c, ev)
   assert not out["improved_outside_cis"]  # 0.2 lies inside the after-RL interval
+
+
+def test_eval_temperature_defaults_to_the_training_temperature_and_is_recorded():
+  c = tiny_cpu.get_config()
+  with c.unlocked():
+    c.loop.eval_temperature = -1.0
+    c.rl.temperature = 0.7
+  assert loop._eval_temperature(c) == pytest.approx(0.7)
+  with c.unlocked():
+    c.loop.eval_temperature = 0.0
+  assert loop._eval_temperature(c) == 0.0
+  assert loop._finish({}, c, [_T("a")])["eval_subset"]["temperature"] == 0.0
