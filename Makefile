@@ -2,27 +2,35 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+PIP := $(PY) -m pip install -q --disable-pip-version-check
+# `make run` needs the runtime dependencies only; `make test` adds the test ones (torch and
+# transformers as the numerical reference, the notebook runner). Each stamp is rebuilt only
+# when its requirements change, so repeated calls are instant.
+RUN_STAMP := $(VENV)/.installed-run
+TEST_STAMP := $(VENV)/.installed-test
 PYTEST_ARGS ?=
 
 .PHONY: setup run test test-all clean
 
-# The stamp is rebuilt only when a requirements file changes, so repeated calls are instant.
-$(STAMP): requirements.txt requirements-test.txt requirements.lock
+$(RUN_STAMP): requirements.txt requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements-test.txt -c requirements.lock
-	touch $(STAMP)
+	$(PIP) -r requirements.txt -c requirements.lock
+	touch $(RUN_STAMP)
 
-setup: $(STAMP)
+$(TEST_STAMP): $(RUN_STAMP) requirements-test.txt
+	$(PIP) -r requirements-test.txt -c requirements.lock
+	touch $(TEST_STAMP)
 
-run: $(STAMP)
+setup: $(TEST_STAMP)
+
+run: $(RUN_STAMP)
 	$(PY) launch.py --config=configs/tiny_cpu.py --mode=rl
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Also runs tests marked slow.
-test-all: $(STAMP)
+test-all: $(TEST_STAMP)
 	$(PY) -m pytest --run-slow $(PYTEST_ARGS)
 
 clean:
