@@ -2,7 +2,9 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip install -q --disable-pip-version-check
+# --no-compile: byte-compiling every installed module (tensorflow comes in through JetStream's
+# seqio) took about half of a clean install; Python compiles what it imports on first use.
+PIP := $(PY) -m pip install -q --no-compile --disable-pip-version-check
 # `make run` needs the runtime dependencies only; `make test` adds the test ones (torch and
 # transformers as the numerical reference, the notebook runner). Each stamp is rebuilt only
 # when its requirements change, so repeated calls are instant.
