@@ -108,14 +108,15 @@ def select_tasks(config, split: str, levels: Sequence[int], max_tasks: int = 0) 
 
 
 def make_episodes(tasks, config, samples_per_task: int = 1, first_group: int = 0,
-                  seed_offset: int = 0) -> list:
-  """Harness episodes for `tasks` (one group per task), worlds restricted to loop.tools."""
+                  seed_offset: int = 0, temperature: Optional[float] = None) -> list:
+  """Harness episodes for `tasks` (one group per task), worlds restricted to loop.tools;
+  `temperature` None = the loop's (rl.temperature)."""
   from envs.harness.worlds import task_episodes
   eps = task_episodes(tasks, config, samples_per_task, first_group,
                       worlds_root=config.envs.worlds_root)
   tools, schema = tuple(config.loop.tools), str(config.loop.tool_schema)
   return [dataclasses.replace(e, world=ToolSubsetSpec(e.world, tools, schema),
-                              seed=e.seed + seed_offset) for e in eps]
+                              seed=e.seed + seed_offset, temperature=temperature) for e in eps]
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -583,8 +584,8 @@ def rl_batch(results, config) -> tuple[dict, dict]:
 
 
 def _evaluate(pool, config, tasks, step: int, tag: str) -> dict:
-  eps = make_episodes(tasks, config, config.loop.eval_samples, seed_offset=7919 * (step + 1))
-  eps = [dataclasses.replace(e, temperature=_eval_temperature(config)) for e in eps]
+  eps = make_episodes(tasks, config, config.loop.eval_samples, seed_offset=7919 * (step + 1),
+                      temperature=_eval_temperature(config))
   results = run_pool(pool, eps, config, f"eval {tag}")
   return summarize_eval(results, tasks, config.loop.bootstrap, config.seed)
 
