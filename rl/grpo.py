@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rl import registry
 
@@ -118,7 +119,8 @@ def split_micro_batches(tree: Any, num_micro_batches: int) -> Any:
 
 
 def microbatched_value_and_grad(loss_fn: Callable, params: Any, batch: Any,
-                                num_micro_batches: int):
+                                num_micro_batches: int,
+                                is_live: Optional[Callable[[Any], jax.Array]] = None):
   """Sum of value_and_grad(loss_fn) over micro-batches, accumulated in a lax.scan.
 
   Args:
@@ -128,6 +130,10 @@ def microbatched_value_and_grad(loss_fn: Callable, params: Any, batch: Any,
     params: differentiated pytree.
     batch: pytree of [batch, ...] arrays.
     num_micro_batches: how many sequential micro-batches; 1 = no scan.
+    is_live: micro_batch -> scalar bool. A micro-batch for which it is False must contribute
+      exactly zero (e.g. no loss token: every weight is 0); its forward and backward are
+      skipped (lax.cond), so rows of filtered groups cost nothing once `pack_live_rows` has
+      gathered them into whole micro-batches.
 
   Returns:
     (loss, aux), grads: each the sum over micro-batches (float32 accumulators).
@@ -141,9 +147,50 @@ def microbatched_value_and_grad(loss_fn: Callable, params: Any, batch: Any,
   zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.promote_types(s.dtype, jnp.float32)),
                        out_shape)
 
+  def computed(mb):
+    return jax.tree.map(lambda z, o: o.astype(z.dtype), zeros, grad_fn(params, mb))
+
   def body(acc, mb):
-    out = grad_fn(params, mb)
-    return jax.tree.map(lambda a, o: a + o.astype(a.dtype), acc, out), None
+    if is_live is None:
+      out = computed(mb)
+    else:
+      out = jax.lax.cond(is_live(mb), computed, lambda _: zeros, mb)
+    return jax.tree.map(lambda a, o: a + o, acc, out), None
 
   acc, _ = jax.lax.scan(body, zeros, micro)
   return acc
+
+
+def live_rows(rewards, group_ids, valid, loss_mask, filter_zero_variance: bool) -> np.ndarray:
+  """[batch] bool (host): rows that can carry a loss token after group filtering, i.e. valid,
+  with a loss token, and (when zero-variance groups are filtered) in a group whose valid
+  rewards are not all equal. The same rule as `advantages.compute_advantages`; used only to
+  order rows, so a disagreement costs speed, never correctness."""
+  rewards, group_ids = np.asarray(rewards), np.asarray(group_ids)
+  live = np.asarray(valid, bool) & (np.asarray(loss_mask).sum(axis=1) > 0)
+  if filter_zero_variance:
+    for g in np.unique(group_ids):
+      rows = (group_ids == g) & np.asarray(valid, bool)
+      if rows.any() and np.ptp(rewards[rows]) == 0:
+        live &= group_ids != g
+  return live
+
+
+def pack_live_rows(batch: dict, live: np.ndarray, num_micro_batches: int) -> dict:
+  """The batch's rows reordered (host numpy) so that live rows fill the first micro-batches of
+  `split_micro_batches` (strided: row i goes to micro-batch i % n) and dead rows the last ones.
+
+  Every reduction is invariant to the order of rows (weights come from the whole batch,
+  groups from group_ids), so this changes no loss, gradient or metric; it lets
+  `microbatched_value_and_grad(is_live=...)` skip whole micro-batches of filtered groups.
+  """
+  live = np.asarray(live, bool)
+  b, n = live.shape[0], int(num_micro_batches)
+  if n <= 1 or b % n:
+    return batch
+  # Row slots in fill order: micro-batch 0 (rows 0, n, 2n, ...), then micro-batch 1, ...
+  slots = np.arange(b).reshape(b // n, n).T.reshape(-1)
+  order = np.concatenate([np.flatnonzero(live), np.flatnonzero(~live)])
+  perm = np.empty(b, np.int64)
+  perm[slots] = order
+  return {k: np.asarray(v)[perm] for k, v in batch.items()}

@@ -145,12 +145,20 @@ def summarize_eval(results, tasks, resamples: int, seed: int = 0) -> dict:
   outcomes: dict[str, int] = {}
   for r in results:
     outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
+  # pass@1 per task family: where the policy fails (a lookup it cannot do, a call it garbles).
+  family = {t.id: getattr(t, "family", "") for t in tasks}
+  fam_rows: dict[str, list] = {}
+  for tid, v in by_task.items():
+    if v and family.get(tid):
+      fam_rows.setdefault(family[tid], []).append(np.mean([r.passed for r in v]))
+  by_family = {f: {"n_tasks": len(v), "pass_at_1": float(np.mean(v))}
+               for f, v in sorted(fam_rows.items())}
   return {"n_tasks": len(rows), "n_episodes": len(results),
           "pass_at_1": float(passed.mean()) if len(rows) else 0.0,
           "pass_at_1_ci95": bootstrap_ci(passed, resamples, seed),
           "mean_reward": float(reward.mean()) if len(rows) else 0.0,
           "mean_reward_ci95": bootstrap_ci(reward, resamples, seed + 1),
-          "outcomes": outcomes}
+          "outcomes": outcomes, "by_family": by_family}
 
 
 # ----------------------------------------------------------------------------- logging
@@ -575,11 +583,19 @@ def rl_batch(results, config) -> tuple[dict, dict]:
   """Episode results -> the train step's batch (fixed shape) and the rollout metrics."""
   from envs.harness.batch import batch_metrics
   from envs.harness.batch import collate
+  from rl import grpo
   d = collate(results, config.harness.max_timeouts_per_group, pad_to=config.train.seq_len)
   batch = {"tokens": d["tokens"], "loss_mask": d["loss_mask"],
            "rollout_logprobs": d["rollout_logprobs"], "rewards": d["rewards"],
            "group_ids": d["group_ids"], "valid": d["train_mask"]}
   m = batch_metrics(results, config.harness.max_timeouts_per_group)
+  live = grpo.live_rows(batch["rewards"], batch["group_ids"], batch["valid"],
+                        batch["loss_mask"], config.rl.filter_zero_variance)
+  m["train/live_rows"] = float(live.sum())
+  if int(config.train.mini_batches) == 1:
+    # Rows of groups with no signal gathered into the last micro-batches, which the train step
+    # then skips: with most groups all-pass or all-fail, most of the step's compute.
+    batch = grpo.pack_live_rows(batch, live, int(config.train.micro_batches))
   return batch, m
 
 
@@ -700,9 +716,22 @@ def run_rl(config, flags=None) -> dict:
   _write_json(summary_path, out)
   print(_fmt_eval(_before_label(config), out["before_rl"]), flush=True)
   print(_fmt_eval("after RL", out["after_rl"]), flush=True)
+  print(_fmt_families(out["before_rl"], out["after_rl"]), flush=True)
   print(f"RL raised pass@1 by {out['delta_pass_at_1']:+.3f}; outside both intervals: "
         f"{out['improved_outside_cis']}; summary in {summary_path}", flush=True)
   return out
+
+
+def _fmt_families(before: dict, after: dict) -> str:
+  """One line: pass@1 per task family before -> after RL (tasks in parentheses)."""
+  fams = sorted(set(before.get("by_family", {})) | set(after.get("by_family", {})))
+  parts = []
+  for f in fams:
+    b, a = before.get("by_family", {}).get(f), after.get("by_family", {}).get(f)
+    n = (a or b)["n_tasks"]
+    parts.append(f"{f} {b['pass_at_1'] if b else float('nan'):.2f} -> "
+                 f"{a['pass_at_1'] if a else float('nan'):.2f} ({n})")
+  return "pass@1 by task family: " + ", ".join(parts)
 
 
 def _before_label(config) -> str:

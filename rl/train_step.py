@@ -197,8 +197,12 @@ class TrainStep:
 
   def loss_and_grads(self, params, mini):
     """(loss, metric sums), grads of one prepared mini-batch, accumulated over micro-batches."""
+    # A micro-batch without a loss token adds exactly zero, unless the MoE balance loss (which
+    # every micro-batch adds whatever its mask) is on; then every micro-batch is computed.
+    router_loss = bool(self.config.rl.moe_aux_loss_coef) and self.model_cfg.use_moe
+    is_live = None if router_loss else (lambda mb: mb["loss_mask"].sum() > 0)
     return grpo.microbatched_value_and_grad(self._micro_loss, params, mini,
-                                            self.config.train.micro_batches)
+                                            self.config.train.micro_batches, is_live)
 
   def prepare(self, params, batch):
     """Advantages, validity, old logprobs: everything computed once over the whole batch."""

@@ -113,6 +113,12 @@ def batch_metrics(results: Sequence[EpisodeResult], max_timeouts_per_group: int 
     m["mean_reward"] = sum(r.reward for r in results) / n
     m["mean_turns"] = sum(r.turns for r in results) / n
     m["mean_tokens"] = sum(len(r.tokens) for r in results) / n
+    # Where an episode's wall time goes (model, tool, world_start, start_queue, grade, close,
+    # harness), mean seconds per episode: on a small machine the worlds can cost as much as
+    # the model.
+    kinds = sorted({k for r in results for k in r.timing})
+    for k in kinds:
+      m[f"episode_s/{k}"] = sum(r.timing.get(k, 0.0) for r in results) / n
   if max_timeouts_per_group is not None and n:
     m["trained_fraction"] = float(group_train_mask(results, max_timeouts_per_group).mean())
   return m

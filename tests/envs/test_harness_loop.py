@@ -204,3 +204,12 @@ def test_group_masking_rules():
   m = batch_metrics(rs, 1)
   assert m["outcome/tool_timeout"] == 2 and m["errors/world_crash"] == 1
   assert set(f"errors/{c}" for c in E.ERROR_CLASSES) <= set(m)
+
+
+def test_batch_metrics_report_mean_seconds_per_episode_by_kind():
+  a, b = _res(0, E.OK), _res(0, E.OK)
+  a.timing = {"model": 2.0, "tool": 1.0, "total": 3.5, "harness": 0.5}
+  b.timing = {"model": 4.0, "world_start": 2.0, "total": 6.5, "harness": 0.5}
+  m = batch_metrics([a, b])
+  assert m["episode_s/model"] == 3.0 and m["episode_s/tool"] == 0.5
+  assert m["episode_s/world_start"] == 1.0 and m["episode_s/total"] == 5.0

@@ -36,6 +36,7 @@ class _R:
 @dataclasses.dataclass
 class _T:
   id: str
+  family: str = "xlsx_lookup"
 
 
 def test_summarize_eval_averages_samples_within_a_task_first():
@@ -47,6 +48,15 @@ def test_summarize_eval_averages_samples_within_a_task_first():
   assert s["mean_reward"] == pytest.approx(0.75)
   assert s["pass_at_1_ci95"][0] <= 0.75 <= s["pass_at_1_ci95"][1]
   assert s["outcomes"] == {"ok": 4}
+  assert s["by_family"] == {"xlsx_lookup": {"n_tasks": 2, "pass_at_1": 0.75}}
+
+
+def test_summarize_eval_breaks_pass_at_1_down_by_family():
+  tasks = [_T("a", "pdf_lookup"), _T("b", "pdf_lookup"), _T("c", "mail_lookup")]
+  res = [_R("a", True, 1.0), _R("b", False, 0.0), _R("c", False, 0.0)]
+  s = loop.summarize_eval(res, tasks, 100)
+  assert s["by_family"] == {"mail_lookup": {"n_tasks": 1, "pass_at_1": 0.0},
+                            "pdf_lookup": {"n_tasks": 2, "pass_at_1": 0.5}}
 
 
 def test_task_stream_is_shuffled_epoch_aware_and_resumable():

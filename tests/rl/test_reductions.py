@@ -165,3 +165,76 @@ def test_split_is_strided():
                                 [[0, 2, 4, 6], [1, 3, 5, 7]])
   with pytest.raises(ValueError, match="not divisible"):
     grpo.split_micro_batches(jnp.arange(6), 4)
+
+
+# ----------------------------------------------------------------------------- dead rows skipped
+
+
+def _batch_with_dead_group(b=8):
+  """Group 9 (rows 1, 3, 6) has no loss token: the rows of a filtered, zero-variance group."""
+  batch = _stand_in_batch(b=b)
+  dead = np.asarray(batch["groups"]) == 9
+  batch["mask"] = jnp.asarray(np.asarray(batch["mask"]) * ~dead[:, None])
+  return batch, dead
+
+
+def test_pack_live_rows_fills_first_micro_batches_and_keeps_every_row():
+  batch, dead = _batch_with_dead_group()
+  host = {k: np.asarray(v) for k, v in batch.items()}
+  host["row"] = np.arange(8)
+  packed = grpo.pack_live_rows(host, ~dead, 4)
+  assert sorted(packed["row"]) == list(range(8))
+  for k in ("x", "mask", "groups"):      # rows move whole
+    np.testing.assert_array_equal(packed[k], host[k][packed["row"]])
+  live_per_micro = (np.asarray(grpo.split_micro_batches(packed["mask"], 4)).sum((1, 2)) > 0)
+  # 5 live rows in micro-batches of 2: the first three hold them, the last one is all dead.
+  assert live_per_micro.tolist() == [True, True, True, False]
+
+
+def test_live_rows_drops_zero_variance_groups_only_when_filtering():
+  rewards = np.array([1, 0, 1, 1, 0, 0, 1, 1], np.float32)
+  groups = np.array([0, 0, 1, 1, 2, 2, 3, 3])
+  valid = np.array([1, 1, 1, 1, 1, 1, 1, 0], bool)
+  mask = np.ones((8, 3), np.float32)
+  mask[1] = 0
+  np.testing.assert_array_equal(grpo.live_rows(rewards, groups, valid, mask, True),
+                                [1, 0, 0, 0, 0, 0, 0, 0])
+  np.testing.assert_array_equal(grpo.live_rows(rewards, groups, valid, mask, False),
+                                [1, 0, 1, 1, 1, 1, 1, 0])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_skipping_dead_micro_batches_gives_same_loss_and_grads(mode):
+  batch, dead = _batch_with_dead_group()
+  batch = grpo.pack_live_rows({k: np.asarray(v) for k, v in batch.items()}, ~dead, 4)
+  batch = {k: jnp.asarray(v) for k, v in batch.items()}
+  batch["weights"] = grpo.reduction_weights(batch["mask"], batch["groups"], mode)
+  params = _stand_in_params()
+  full = jax.jit(lambda p, bt: grpo.microbatched_value_and_grad(_loss_fn, p, bt, 4))
+  skip = jax.jit(lambda p, bt: grpo.microbatched_value_and_grad(
+      _loss_fn, p, bt, 4, is_live=lambda mb: mb["mask"].sum() > 0))
+  (loss_f, aux_f), grads_f = full(params, batch)
+  (loss_s, aux_s), grads_s = skip(params, batch)
+  np.testing.assert_allclose(float(loss_s), float(loss_f), rtol=1e-6)
+  np.testing.assert_allclose(float(aux_s["tokens"]), float(aux_f["tokens"]))
+  for k in grads_f:
+    np.testing.assert_allclose(np.asarray(grads_s[k]), np.asarray(grads_f[k]), rtol=1e-6, atol=1e-8)
+
+
+def test_dead_micro_batches_are_not_computed():
+  """Poisoned inputs in the dead rows: NaN everywhere when computed (0 * NaN), finite when the
+  micro-batch is skipped, which shows the skip really removes the forward and backward."""
+  batch, dead = _batch_with_dead_group()
+  host = {k: np.asarray(v).copy() for k, v in batch.items()}
+  host["x"][dead] = np.nan
+  host = grpo.pack_live_rows(host, ~dead, 4)
+  # Only the all-dead micro-batch may hold NaN rows; a live one holding dead rows is computed.
+  host["x"][np.isnan(host["x"]).any(axis=(1, 2)) & (np.arange(8) % 4 != 3)] = 0.0
+  batch = {k: jnp.asarray(v) for k, v in host.items()}
+  batch["weights"] = grpo.reduction_weights(batch["mask"], batch["groups"], "token_mean")
+  params = _stand_in_params()
+  (loss, _), grads = grpo.microbatched_value_and_grad(_loss_fn, params, batch, 4)
+  assert np.isnan(float(loss))
+  (loss, _), grads = grpo.microbatched_value_and_grad(
+      _loss_fn, params, batch, 4, is_live=lambda mb: mb["mask"].sum() > 0)
+  assert np.isfinite(float(loss)) and all(np.isfinite(np.asarray(g)).all() for g in grads.values())

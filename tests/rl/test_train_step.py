@@ -116,6 +116,29 @@ def test_sharded_step_matches_single_device(base_state_and_batch, shape):
   assert mu.sharding.spec == wi.sharding.spec
 
 
+def test_step_with_filtered_groups_packed_and_skipped_matches_one_micro_batch(base_state_and_batch):
+  """A zero-variance group, its rows packed into the last micro-batch (rl.loop.rl_batch) which
+  the step then skips: same loss, metrics and update as the whole batch in one micro-batch."""
+  from rl import grpo
+  host_state, batch = base_state_and_batch
+  batch = {k: np.array(v) for k, v in batch.items()}
+  first = batch["group_ids"] == batch["group_ids"][0]
+  batch["rewards"][first] = 1.0                           # group 0: all pass, no signal
+  live = grpo.live_rows(batch["rewards"], batch["group_ids"], np.ones(len(first), bool),
+                        batch["loss_mask"], True)
+  assert live.tolist() == (~first).tolist()
+  outs = {}
+  for n in (1, 2):
+    step = _step("single", **{"train.micro_batches": n}) if n > 1 else _step("single")
+    b = grpo.pack_live_rows(batch, live, n)
+    state, m = step(_put_state(step, host_state), step.shard_batch(b))
+    outs[n] = (jax.device_get(m), jax.device_get(state["params"]))
+  (m1, p1), (m2, p2) = outs[1], outs[2]
+  np.testing.assert_allclose(m2["loss/total"], m1["loss/total"], rtol=1e-5)
+  np.testing.assert_allclose(m2["policy/entropy"], m1["policy/entropy"], rtol=1e-5)
+  _rel_close(p2, p1, what="params ")
+
+
 def test_step_learns_on_fixed_batch(base_state_and_batch):
   host_state, batch = base_state_and_batch
   step = _step("single")
