@@ -216,16 +216,15 @@ def run_dir(config) -> str:
 
 
 def run_pool(pool, episodes, config, desc: str):
-  """pool.run in chunks so the progress bar moves; results in episode order."""
-  out = []
-  chunk = max(int(config.harness.num_workers) * 2, 1)
+  """pool.run with a progress bar that moves with each finished episode; results in episode
+  order. One call for the whole list, so the pool can keep each worker on one warm world."""
+  passed = []
   with _bar(config, len(episodes), desc) as bar:
-    for i in range(0, len(episodes), chunk):
-      res = pool.run(episodes[i:i + chunk])
-      out.extend(res)
-      bar.update(len(res))
-      bar.set_postfix(pass_rate=f"{np.mean([r.passed for r in out]):.3f}")
-  return out
+    def on_result(r):
+      passed.append(r.passed)
+      bar.update(1)
+      bar.set_postfix(pass_rate=f"{np.mean(passed):.3f}", refresh=False)
+    return pool.run(episodes, on_result=on_result)
 
 
 def collect_oracle(config, tasks) -> list:

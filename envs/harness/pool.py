@@ -84,13 +84,19 @@ def _world_key(ep: Episode):
   return ep.meta.get("world_id")
 
 
-def _take(pending: list, key) -> tuple[int, Episode]:
-  """Next episode for a worker: the first one in its last world (its world process is warm,
-  which saves a gateway start), else the first in line."""
+def _take(pending: list, key, held: frozenset = frozenset()) -> tuple[int, Episode]:
+  """Next episode for a worker whose warm world is `key`: the first one in that world (a
+  world start costs seconds: a sandboxed gateway process, its imports, the MCP handshake),
+  else the first whose world no other busy worker holds (that worker will take it warm), else
+  the first in line. So the G samples of a group mostly run on one warm world instead of
+  starting G gateways."""
   if key is not None:
     for j, (_, ep) in enumerate(pending):
       if _world_key(ep) == key:
         return pending.pop(j)
+  for j, (_, ep) in enumerate(pending):
+    if _world_key(ep) not in held:
+      return pending.pop(j)
   return pending.pop(0)
 
 
@@ -186,15 +192,24 @@ class AgentPool:
   def pids(self) -> list[int]:
     return [w.proc.pid for w in self._workers]
 
-  def run(self, episodes: Sequence[Episode]) -> list[EpisodeResult]:
-    """Runs every episode; returns one result per episode, in order, whatever happens."""
+  def run(self, episodes: Sequence[Episode],
+          on_result: Callable[[EpisodeResult], None] | None = None) -> list[EpisodeResult]:
+    """Runs every episode; returns one result per episode, in order, whatever happens.
+    `on_result` (e.g. a progress bar) is called with each result as it arrives."""
     results: list[EpisodeResult | None] = [None] * len(episodes)
     pending = list(enumerate(episodes))
     budget = self._settings.episode_timeout_s + self._grace
+
+    def done(idx, res):
+      results[idx] = res
+      if on_result is not None:
+        on_result(res)
+
     while pending or any(w.job for w in self._workers):
       for w in self._workers:
         if w.job is None and pending:
-          idx, ep = _take(pending, w.world)
+          held = frozenset(o.world for o in self._workers if o.job is not None)
+          idx, ep = _take(pending, w.world, held)
           w.world = _world_key(ep)
           w.job = (idx, ep, time.monotonic() + budget)
           w.conn.send(ep)
@@ -213,7 +228,7 @@ class AgentPool:
           except (EOFError, OSError):
             kind, res = None, None
           if kind == "result":
-            results[idx] = res
+            done(idx, res)
             w.job = None
             if res.tainted:
               self.recycled += 1
@@ -224,16 +239,16 @@ class AgentPool:
           code = w.proc.exitcode
           self.deaths.append(dict(pid=w.proc.pid, exitcode=code, task_id=ep.task_id,
                                   why="died"))
-          results[idx] = _failed(ep, E.HARNESS_BUG,
-                                 f"agent process {w.proc.pid} died (exit code {code})")
+          done(idx, _failed(ep, E.HARNESS_BUG,
+                            f"agent process {w.proc.pid} died (exit code {code})"))
           w.job = None
           self._replace(i)
         elif now >= deadline:
           self.deaths.append(dict(pid=w.proc.pid, exitcode=None, task_id=ep.task_id,
                                   why="killed at the episode deadline"))
-          results[idx] = _failed(ep, E.EPISODE_TIMEOUT,
-                                 f"agent process {w.proc.pid} still busy {self._grace}s after "
-                                 f"the episode timeout; killed")
+          done(idx, _failed(ep, E.EPISODE_TIMEOUT,
+                            f"agent process {w.proc.pid} still busy {self._grace}s after "
+                            f"the episode timeout; killed"))
           w.job = None
           self._replace(i)
     return results  # type: ignore[return-value]

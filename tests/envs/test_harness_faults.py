@@ -186,3 +186,13 @@ def test_world_start_gate_serialises_starts():
   assert all(r.outcome == E.OK for r in results), [(r.outcome, r.detail) for r in results]
   waits = sorted(r.timing["start_queue"] for r in results)
   assert waits[-1] >= 1.0  # the last one waited for (about) three starts before it
+
+
+def test_on_result_sees_every_result_as_it_arrives(pool):
+  eps = [Episode(task_id="fault", prompt="agent dies", world=WORLD, group_id=0)]
+  eps += [Episode(task_id=f"ok{i}", prompt=F.lookup_task("alpha"), world=WORLD, group_id=1,
+                  sample_index=i) for i in range(3)]
+  seen = []
+  results = pool.run(eps, on_result=seen.append)
+  assert sorted(r.task_id for r in seen) == sorted(r.task_id for r in results)
+  assert {r.outcome for r in seen} == {E.OK, E.HARNESS_BUG}
