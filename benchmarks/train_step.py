@@ -10,6 +10,14 @@ and times `--steps` steps after one compile step. Model FLOPs are counted from t
 attention score/value matmuls of the full-attention layers (causal: half of 4 T^2 H D per
 layer per sequence, x3 for the backward); the optional recompute of old logprobs and remat
 are not counted (MFU counts model FLOPs, not hardware FLOPs). Prints figures; asserts none.
+
+  python benchmarks/train_step.py --config=configs/tiny_cpu.py --live_groups=4 \
+      --config.train.prompts_per_step=16 --config.train.micro_batches=8
+
+With --live_groups=K only K prompt groups carry signal (the others all pass: filtered, as
+most groups are in a GRPO batch of a small policy) and the step is timed twice in the same
+run: rows as they come (every micro-batch holds a live row, so all are computed) and packed
+by `rl.grpo.pack_live_rows` (as `rl.loop` feeds the step: all-dead micro-batches skipped).
 """
 import os
 import sys
@@ -28,6 +36,9 @@ from rl import train_step as ts  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny_cpu.py", "Config file.")
 _STEPS = flags.DEFINE_integer("steps", 3, "Timed steps (after one compile step).")
+_LIVE = flags.DEFINE_integer("live_groups", -1, "Groups with signal (the rest filtered); "
+                             "< 0 = all. >= 0 also times the packed batch (dead micro-batches "
+                             "skipped) against the unpacked one.")
 
 # Dense bf16 peak FLOP/s per device, by substring of jax's device_kind.
 _PEAK = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "v5p": 459e12,
@@ -79,20 +90,34 @@ def main(argv):
   mc = step.model_cfg
   state = step.init_state(jax.random.key(config.seed))
   host = synthetic_batch(config)
+  packed_dt = None
+  if _LIVE.value >= 0:
+    from rl import grpo
+    s = config.train.samples_per_prompt
+    host["rewards"][_LIVE.value * s:] = 1.0          # groups past the first K: all pass
+    live = grpo.live_rows(host["rewards"], host["group_ids"], np.ones(len(host["rewards"]), bool),
+                          host["loss_mask"], config.rl.filter_zero_variance)
+    # Unpacked: live rows at the front, so the strided split puts one in every micro-batch.
+    packed = grpo.pack_live_rows(host, live, config.train.micro_batches)
   batch = step.shard_batch(host)
   rows, seq = host["tokens"].shape
 
-  t0 = time.perf_counter()
-  state, m = step(state, batch)
-  jax.block_until_ready(m)
-  compile_s = time.perf_counter() - t0
-  times = []
-  for _ in range(_STEPS.value):
+  def timed(state, batch):
     t0 = time.perf_counter()
     state, m = step(state, batch)
     jax.block_until_ready(m)
-    times.append(time.perf_counter() - t0)
-  dt = float(np.median(times))
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(_STEPS.value):
+      t0 = time.perf_counter()
+      state, m = step(state, batch)
+      jax.block_until_ready(m)
+      times.append(time.perf_counter() - t0)
+    return state, m, first, float(np.median(times))
+
+  state, m, compile_s, dt = timed(state, batch)
+  if _LIVE.value >= 0:
+    state, _, _, packed_dt = timed(state, step.shard_batch(packed))
   tokens = rows * seq
   flops = model_flops_per_step(mc, rows, seq, int(host["loss_mask"].sum()))
   dev = jax.devices()[0]
@@ -104,7 +129,7 @@ def main(argv):
   print(f"batch             {rows} rows x {seq} tokens, {config.train.micro_batches} micro-batch(es), "
         f"dtype {config.model.dtype}, remat {config.model.remat}")
   print(f"first step        {compile_s:.2f} s (compile + run)")
-  print(f"step time         {dt * 1e3:.1f} ms (median of {len(times)})")
+  print(f"step time         {dt * 1e3:.1f} ms (median of {_STEPS.value})")
   print(f"throughput        {tokens / dt:,.0f} tokens/s ({tokens / dt / n:,.0f} per device)")
   print(f"model FLOPs/step  {flops:.3e}  ->  {flops / dt / n / 1e12:.3f} TFLOP/s per device")
   peak = peak_flops(dev)
@@ -113,6 +138,12 @@ def main(argv):
   else:
     print("MFU               n/a (no accelerator with a known peak)")
   print(f"loss              {float(m['loss/total']):.5f}")
+  if packed_dt is not None:
+    n_live = int(live.sum())
+    print(f"live rows         {n_live} of {rows} ({_LIVE.value} informative groups)")
+    print(f"step, unpacked    {dt * 1e3:.1f} ms (every micro-batch computed)")
+    print(f"step, packed      {packed_dt * 1e3:.1f} ms (all-dead micro-batches skipped): "
+          f"{dt / packed_dt:.2f}x faster")
 
 
 if __name__ == "__main__":
