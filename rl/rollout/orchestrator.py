@@ -7,6 +7,8 @@
 
 What is extended, and why (JetStream 0.2.2 itself is used unchanged):
 - `TitoDriver(Driver)`:
+  * `_generate_thread` survives JetStream's slot-count race (an assert that fails when the
+    last busy slot is freed mid-step, after which JetStream SIGKILLs the process);
   * `_process_prefill_content` pads the prompt ids to the engine's bucket and attaches the
     request's sampling settings (JetStream's version would prepend a BOS id and knows no
     sampling settings);
@@ -71,8 +73,31 @@ class TitoDriver(orchestrator.Driver):
 
   def __init__(self, *args, **kwargs):
     self.cancelled_requests = 0  # requests whose client went away before they finished
+    self.slot_race_restarts = 0  # times the generate loop was re-entered after the race below
     self._busy: dict[int, int] = {}  # generate engine -> slots holding a live request
     super().__init__(*args, **kwargs)
+
+  def _generate_thread(self, idx: int):
+    """JetStream's generate loop, entered again after its slot-count race instead of dying.
+
+    After trying to fill free slots without blocking, JetStream's loop asserts that some slot
+    is still busy. The detokenize thread frees slots concurrently, so when the last busy
+    request finishes between the loop's count of free slots and that assert, the assert fails
+    with every slot free, and JetStream's thread wrapper SIGKILLs the whole process (it killed
+    a GRPO run at step 5). Every slot free means no request is in the decode state, so nothing
+    is lost by leaving the loop and entering it again (fresh decode state; it then blocks
+    for the next request). Any other failure still propagates.
+    """
+    while self.live:
+      try:
+        return super()._generate_thread(idx)
+      except AssertionError:
+        engine = self._generate_engines[idx]
+        if self._generate_slots[idx].qsize() < engine.max_concurrent_decodes:
+          raise
+        self.slot_race_restarts += 1
+        logging.warning("generate thread %d: every slot freed during its step (JetStream's "
+                        "slot-count race); loop entered again", idx)
 
   def _process_prefill_content(self, request, tokenizer, is_bos, max_prefill_length):
     del tokenizer, is_bos, max_prefill_length

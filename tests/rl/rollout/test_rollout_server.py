@@ -202,3 +202,60 @@ def test_weight_update_takes_effect_without_recompile(client, server, model, ful
       server.update_weights(bad)
   finally:
     server.update_weights(old)
+
+
+def test_generate_thread_survives_the_last_slot_freed_mid_step(server, monkeypatch):
+  """JetStream's slot-count race, forced: the detokenize thread holds the first decode step's
+  result until the generate thread (which counted a busy slot and holds one free slot) is in
+  its non-blocking look at the backlog, then frees the 1-token request's slot. JetStream's loop
+  then asserts with every slot free and its thread wrapper SIGKILLs the process (here
+  `os.kill` records instead, so unpatched code shows as a dead server)."""
+  import threading
+  from jetstream.core import orchestrator as js
+  from jetstream.engine import engine_api
+  kills = []
+  monkeypatch.setattr(js.os, "kill", lambda pid, sig: kills.append((pid, sig)))
+  driver = server.driver
+  slots, n = driver._generate_slots[0], driver._generate_engines[0].max_concurrent_decodes
+  backlog, results = driver._generate_backlogs[0], driver._detokenize_backlogs[0]
+  plain_backlog, plain_results = type(backlog), type(results)
+  in_look, forced, steps = threading.Event(), [], []
+  engine = driver._generate_engines[0]
+  step = engine.generate
+  monkeypatch.setattr(engine, "generate", lambda *a, **k: steps.append(1) or step(*a, **k))
+
+  class HeldResults(plain_results):
+    def get(self, block=True, timeout=None):
+      item = plain_results.get(self, block, timeout)
+      if (isinstance(item, tuple) and isinstance(item[1], engine_api.ResultTokens)
+          and not forced):
+        in_look.wait(10)
+      return item
+
+  class RacyBacklog(plain_backlog):
+    def get(self, block=True, timeout=None):
+      # Non-blocking: a slot was busy when the loop counted (and the loop holds one more);
+      # after a decode step, that is the 1-token request whose result is being held.
+      if not block and not forced and steps and slots.qsize() < n - 1:
+        in_look.set()
+        deadline = time.time() + 10
+        while time.time() < deadline and slots.qsize() < n - 1:
+          time.sleep(0.005)
+        forced.append(slots.qsize() == n - 1)
+      return plain_backlog.get(self, block, timeout)
+
+  before = driver.slot_race_restarts
+  backlog.__class__, results.__class__ = RacyBacklog, HeldResults
+  c = TokenClient(server.address, timeout_s=30)
+  try:
+    assert len(c.generate(PROMPTS[0], GREEDY, max_tokens=1, stop_ids=[]).ids) == 1
+    deadline = time.time() + 10       # the reply can overtake the generate thread's last look
+    while not forced and time.time() < deadline:
+      time.sleep(0.01)
+    assert forced == [True]
+    assert len(c.generate(PROMPTS[1], GREEDY, max_tokens=3, stop_ids=[]).ids) == 3
+  finally:
+    backlog.__class__, results.__class__ = plain_backlog, plain_results
+    in_look.set()
+    c.close()
+  assert kills == [] and driver.slot_race_restarts == before + 1
