@@ -617,6 +617,17 @@ def _fmt_eval(name: str, s: dict) -> str:
           f"{s['mean_reward']:.3f} [{rlo:.3f}, {rhi:.3f}]  ({s['n_tasks']} held-out tasks)")
 
 
+def check_batch_shape(config) -> None:
+  """The rollout batch must split into mini- and micro-batches; said before any rollout."""
+  rows = int(config.train.prompts_per_step) * int(config.train.samples_per_prompt)
+  parts = int(config.train.mini_batches) * int(config.train.micro_batches)
+  if parts < 1 or rows % parts:
+    raise ValueError(
+        f"train.prompts_per_step x train.samples_per_prompt = {rows} rows do not split into "
+        f"train.mini_batches x train.micro_batches = {config.train.mini_batches} x "
+        f"{config.train.micro_batches}")
+
+
 def run_rl(config, flags=None) -> dict:
   """The whole RL run; returns the summary written to runs/<name>/summary.json."""
   import jax
@@ -629,6 +640,7 @@ def run_rl(config, flags=None) -> dict:
   from rl.train_step import TrainStep
 
   t_start = time.monotonic()
+  check_batch_shape(config)
   rdir = run_dir(config)
   os.makedirs(rdir, exist_ok=True)
   metrics = Metrics(rdir, config.loop.tensorboard)

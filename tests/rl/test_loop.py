@@ -378,3 +378,11 @@ def test_eval_temperature_defaults_to_the_training_temperature_and_is_recorded()
     c.loop.eval_temperature = 0.0
   assert loop._eval_temperature(c) == 0.0
   assert loop._finish({}, c, [_T("a")])["eval_subset"]["temperature"] == 0.0
+
+
+def test_batch_that_does_not_split_into_micro_batches_is_a_clear_error():
+  c = tiny_cpu.get_config()
+  loop.check_batch_shape(c)                       # the default splits
+  c.train.prompts_per_step, c.train.samples_per_prompt = 1, 2
+  with pytest.raises(ValueError, match="train.micro_batches"):
+    loop.check_batch_shape(c)
