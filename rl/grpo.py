@@ -163,16 +163,15 @@ def microbatched_value_and_grad(loss_fn: Callable, params: Any, batch: Any,
 
 def live_rows(rewards, group_ids, valid, loss_mask, filter_zero_variance: bool) -> np.ndarray:
   """[batch] bool (host): rows that can carry a loss token after group filtering, i.e. valid,
-  with a loss token, and (when zero-variance groups are filtered) in a group whose valid
-  rewards are not all equal. The same rule as `advantages.compute_advantages`; used only to
-  order rows, so a disagreement costs speed, never correctness."""
-  rewards, group_ids = np.asarray(rewards), np.asarray(group_ids)
-  live = np.asarray(valid, bool) & (np.asarray(loss_mask).sum(axis=1) > 0)
+  with a loss token, and (when zero-variance groups are filtered) not in a group whose valid
+  rewards are all equal, by `advantages.zero_variance_mask`, the rule the train step applies.
+  Used only to order rows, so it decides speed, never correctness."""
+  from rl import advantages
+  valid = np.asarray(valid, bool)
+  live = valid & (np.asarray(loss_mask).sum(axis=1) > 0)
   if filter_zero_variance:
-    for g in np.unique(group_ids):
-      rows = (group_ids == g) & np.asarray(valid, bool)
-      if rows.any() and np.ptp(rewards[rows]) == 0:
-        live &= group_ids != g
+    live &= ~np.asarray(advantages.zero_variance_mask(
+        jnp.asarray(rewards), jnp.asarray(group_ids), jnp.asarray(valid)))
   return live
 
 

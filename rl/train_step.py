@@ -173,10 +173,15 @@ class TrainStep:
 
   # -- loss --------------------------------------------------------------------------------
 
+  @property
+  def _router_loss(self) -> bool:
+    """Whether the MoE load-balancing loss is on (it needs the router logits)."""
+    return bool(self.config.rl.moe_aux_loss_coef) and self.model_cfg.use_moe
+
   def _micro_loss(self, params, mb):
     """Loss and metric SUMS of one micro-batch, weighted with whole-mini-batch weights."""
     rl = self.config.rl
-    want_router = bool(rl.moe_aux_loss_coef) and self.model_cfg.use_moe
+    want_router = self._router_loss
     out = token_logprobs(self.model_cfg, params, mb["tokens"], rl.temperature, want_router)
     lp, ent = out[0], out[1]
     x = pl.PolicyInputs(logprobs=lp, old_logprobs=mb["old_logprobs"],
@@ -199,8 +204,7 @@ class TrainStep:
     """(loss, metric sums), grads of one prepared mini-batch, accumulated over micro-batches."""
     # A micro-batch without a loss token adds exactly zero, unless the MoE balance loss (which
     # every micro-batch adds whatever its mask) is on; then every micro-batch is computed.
-    router_loss = bool(self.config.rl.moe_aux_loss_coef) and self.model_cfg.use_moe
-    is_live = None if router_loss else (lambda mb: mb["loss_mask"].sum() > 0)
+    is_live = None if self._router_loss else (lambda mb: mb["loss_mask"].sum() > 0)
     return grpo.microbatched_value_and_grad(self._micro_loss, params, mini,
                                             self.config.train.micro_batches, is_live)
 
