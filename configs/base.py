@@ -274,6 +274,7 @@ def get_config() -> ml_collections.ConfigDict:
   # The RL loop (rl/loop.py, --mode=rl): rollouts -> train step -> weight sync -> eval.
   c.loop = ml_collections.ConfigDict()
   c.loop.levels = (1, 2, 3)          # task levels sampled for training (train split)
+  c.loop.families = ()               # task families sampled for training; () = all (eval: always all)
   c.loop.tools = ()                  # tools shown to the policy; () = every tool of the world
   c.loop.tool_schema = "full"        # tool JSON in the system turn: full (as served) | compact (name + required params)
   c.loop.sft_first = True            # --mode=rl starts from the SFT checkpoint, training it first if missing

@@ -100,10 +100,19 @@ class _ToolSubsetWorld:
     return self._w.close(reuse=reuse)
 
 
-def select_tasks(config, split: str, levels: Sequence[int], max_tasks: int = 0) -> list:
-  """The tasks of `split` whose level is in `levels`, in the split's fixed order."""
+def select_tasks(config, split: str, levels: Sequence[int], max_tasks: int = 0,
+                 families: Sequence[str] = ()) -> list:
+  """The tasks of `split` whose level is in `levels` (and family in `families`, when given), in
+  the split's fixed order."""
   from envs import tasks as tasks_lib
   out = [t for t in tasks_lib.load_split(config.envs, split) if t.level in tuple(levels)]
+  if families:
+    known = sorted({t.family for t in out})
+    unknown = sorted(set(families) - set(known))
+    if unknown:
+      raise ValueError(f"loop.families names {unknown}, not task families of the {split} split "
+                       f"at levels {tuple(levels)}; they are {known}")
+    out = [t for t in out if t.family in tuple(families)]
   return out[:max_tasks] if max_tasks else out
 
 
@@ -668,7 +677,8 @@ def run_rl(config, flags=None) -> dict:
     if params is not None:
       state = _with_params(step_fn, state, params)
 
-  train_tasks = select_tasks(config, "train", config.loop.levels)
+  train_tasks = select_tasks(config, "train", config.loop.levels,
+                             families=tuple(config.loop.families))
   eval_tasks = select_tasks(config, "eval", config.loop.eval_levels, config.loop.eval_max_tasks)
   stream = TaskStream(train_tasks, config.seed, meta.get("data_position", 0))
 

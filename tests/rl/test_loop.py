@@ -303,6 +303,16 @@ def test_tiny_config_eval_subset_has_at_least_160_held_out_tasks():
   assert not {t.world_id for t in ev} & {t.world_id for t in tr}
 
 
+def test_families_filter_keeps_only_the_named_train_families_and_rejects_unknown_ones():
+  c = tiny_cpu.get_config()
+  every = loop.select_tasks(c, "train", c.loop.levels)
+  picked = loop.select_tasks(c, "train", c.loop.levels, families=("docx_lookup", "pdf_lookup"))
+  assert {t.family for t in picked} == {"docx_lookup", "pdf_lookup"}
+  assert [t.id for t in picked] == [t.id for t in every if t.family in ("docx_lookup", "pdf_lookup")]
+  with pytest.raises(ValueError, match="docs_lookup"):
+    loop.select_tasks(c, "train", c.loop.levels, families=("docs_lookup",))
+
+
 def test_tiny_config_variants_build_the_base_in_two_stages_on_content_copy_rows():
   base_v, copy_v = tiny_cpu.get_config("base"), tiny_cpu.get_config("copy")
   # Stage 1 is drill-only from a random init; stage 2 starts from its export.

@@ -139,6 +139,26 @@ def test_step_with_filtered_groups_packed_and_skipped_matches_one_micro_batch(ba
   _rel_close(p2, p1, what="params ")
 
 
+def test_recomputed_old_logprobs_are_the_current_params_logprobs_in_row_order(
+    base_state_and_batch):
+  """rl.recompute_old_logprobs: old logprobs come from this step's params (computed per
+  micro-batch, reassembled in the batch's row order), not from the engine's report."""
+  host_state, batch = base_state_and_batch
+  step = _step("single", **{"rl.recompute_old_logprobs": True, "train.micro_batches": 2})
+  batch = dict(batch, rollout_logprobs=np.full_like(batch["rollout_logprobs"], -5.0))
+  params = _put_state(step, host_state)["params"]
+  with shd.use_mesh(step.mesh, step.rules):
+    prepared, _ = jax.jit(step.prepare)(params, step.shard_batch(batch))
+    want, _ = jax.jit(lambda p, t: ts.token_logprobs(step.model_cfg, p, t,
+                                                     step.config.rl.temperature))(
+        params, jnp.asarray(batch["tokens"]))
+  got, want = np.asarray(prepared["old_logprobs"]), np.asarray(want)
+  assert np.abs(got - want).max() < 1e-4
+  # Row order matters: the per-micro-batch pieces must not come back permuted.
+  assert np.abs(got - want[::-1]).max() > 1e-2
+  np.testing.assert_array_equal(np.asarray(prepared["rollout_logprobs"]), -5.0)
+
+
 def test_step_learns_on_fixed_batch(base_state_and_batch):
   host_state, batch = base_state_and_batch
   step = _step("single")
