@@ -6,6 +6,8 @@ Two layouts are read:
 Routed experts may be stored per expert (`mlp.experts.{e}.gate_proj.weight`, the hub's form)
 or fused (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, I]).
 `mtp.*` and `visual.*` tensors are ignored. `save` writes the hub layout with per-expert keys.
+`load_sharded` builds each parameter on its devices from the blocks they hold (for meshes
+whose model no single host could hold).
 
 Every tensor is checked: a missing, unexpected or misshapen one raises `CheckpointError`
 naming the key.
@@ -90,6 +92,13 @@ def _layer_index(cfg: ModelConfig, cycle_pos: int, cycle: int) -> int:
 
 
 # -- reading ----------------------------------------------------------------------------------
+#
+# Reading is planned before any tensor is read: every parameter becomes a `_Leaf` (its global
+# shape in our layout and a `read(index)` that returns just that block of it), built from the
+# safetensors headers alone, which also checks every key and shape. `load` reads each leaf
+# whole; `load_sharded` hands `read` to jax.make_array_from_callback, so each device gets only
+# its own shard and the host never holds more than one shard of one tensor (plus, for the
+# few tensors whose conversion is a reshape, one layer's tensor).
 
 class _TensorSource:
   """Lazily opens the safetensors files of a directory (single file or index + shards)."""
@@ -118,109 +127,219 @@ class _TensorSource:
   def keys(self):
     return self.weight_map.keys()
 
-  def get(self, key: str) -> np.ndarray:
+  def _file(self, key: str):
+    if key not in self.weight_map:
+      raise CheckpointError(f"missing tensor {key}")
     fname = self.weight_map[key]
     if fname not in self._files:
       full = os.path.join(self.path, fname)
       if not os.path.exists(full):
         raise CheckpointError(f"shard {fname} (holding {key}) is missing from {self.path}")
       self._files[fname] = self._open(full)
+    return self._files[fname]
+
+  def shape(self, key: str) -> tuple:
+    """The stored shape of `key`, from the file header (no data is read)."""
+    f = self._file(key)
     try:
-      return np.asarray(self._files[fname].get_tensor(key).astype(jnp.float32))
+      return tuple(f.get_slice(key).get_shape())
+    except Exception as e:  # noqa: BLE001
+      raise CheckpointError(f"cannot read the header of tensor {key}: {e}") from e
+
+  def get(self, key: str, index: tuple | None = None) -> np.ndarray:
+    """`key` (or just its block `index`, a tuple of slices in the stored layout) as float32."""
+    f = self._file(key)
+    try:
+      a = f.get_tensor(key) if index is None else f.get_slice(key)[index]
+      return np.asarray(a.astype(jnp.float32))
     except Exception as e:  # a truncated or corrupt shard
-      raise CheckpointError(f"cannot read tensor {key} from {fname}: {e}") from e
+      raise CheckpointError(f"cannot read tensor {key} from {self.weight_map[key]}: {e}") from e
 
 
-def _set_in(tree: dict, path: tuple, value):
-  for k in path[:-1]:
-    tree = tree.setdefault(k, {})
-  tree[path[-1]] = value
+class _Leaf:
+  """One parameter: its global shape in our layout and `read(index) -> that block`."""
+
+  def __init__(self, shape: tuple, read):
+    self.shape, self.read = tuple(shape), read
+
+  def full_index(self) -> tuple:
+    return tuple(slice(0, n) for n in self.shape)
 
 
-def load(path: str, dtype=jnp.float32, **overrides):
-  """Reads `path` -> (ModelConfig, params in `dtype`)."""
+def _full_slices(index, shape) -> tuple:
+  """A jax shard index (slices, possibly fewer than dims, possibly open) -> closed slices."""
+  index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+  out = []
+  for s, n in zip(index, shape):
+    a, b, step = s.indices(n)
+    if step != 1:
+      raise ValueError(f"strided shard index {index}")
+    out.append(slice(a, b))
+  return tuple(out)
+
+
+def _converted(src, key, to_ours, want):
+  """A reader of one stored tensor in our layout: index (our layout) -> block.
+
+  Stored as ours or as its transpose (most matrices), only the block is read; a reshaping
+  conversion (attention projections, conv) reads the tensor and slices after converting.
+  """
+  stored = src.shape(key)
+  if to_ours is None:
+    got = stored
+  elif to_ours is _t:
+    got = stored[::-1]
+  else:
+    got = tuple(jax.eval_shape(to_ours, jax.ShapeDtypeStruct(stored, jnp.float32)).shape)
+  if got != tuple(want):
+    raise CheckpointError(f"tensor {key} has shape {stored}, which does not fit the config "
+                          f"(expects {tuple(want)} after conversion)")
+  if to_ours is None:
+    return lambda idx: src.get(key, idx)
+  if to_ours is _t:
+    return lambda idx: src.get(key, idx[::-1]).T
+  return lambda idx: np.asarray(to_ours(src.get(key)))[idx]
+
+
+def _stacked(readers):
+  """Per-layer readers -> the reader of their stack along a leading layer axis."""
+  return lambda idx: np.stack([readers[c](idx[1:]) for c in range(idx[0].start, idx[0].stop)])
+
+
+def _plan(cfg: ModelConfig, src: _TensorSource) -> tuple[dict, set]:
+  """Our param path -> `_Leaf`, and the stored keys the plan uses; checks every key's shape."""
+  keys = [k for k in src.keys() if not _IGNORED.match(k)]
+  prefix = "model.language_model." if any(k.startswith("model.language_model.") for k in keys) \
+      else "model."
+  expected = _expected_shapes(cfg)   # our path -> our shape (one layer for block params)
+  used, plan = set(), {}
+
+  def reader(key, to_ours, our_path):
+    used.add(key)
+    return _converted(src, key, to_ours, expected[our_path])
+
+  for j, layer_type in enumerate(cfg.cycle):
+    layers = [f"{prefix}layers.{_layer_index(cfg, j, c)}." for c in range(cfg.num_cycles)]
+    for suffix, our, to_ours, _ in _layer_specs(cfg, layer_type):
+      path = ("blocks", j) + our
+      plan[path] = _Leaf((cfg.num_cycles,) + expected[path],
+                         _stacked([reader(lp + suffix, to_ours, path) for lp in layers]))
+    if cfg.use_moe:
+      plan.update(_plan_experts(cfg, src, [lp + "mlp.experts." for lp in layers], used, j))
+  plan[("embed",)] = _Leaf(expected[("embed",)],
+                           reader(prefix + "embed_tokens.weight", None, ("embed",)))
+  plan[("final_norm",)] = _Leaf(expected[("final_norm",)],
+                                reader(prefix + "norm.weight", None, ("final_norm",)))
+  if not cfg.tie_word_embeddings:
+    plan[("lm_head",)] = _Leaf(expected[("lm_head",)], reader("lm_head.weight", _t, ("lm_head",)))
+  extra = sorted(set(keys) - used - ({"lm_head.weight"} if cfg.tie_word_embeddings else set()))
+  if extra:
+    raise CheckpointError(f"unexpected tensors in checkpoint: {extra[:5]}"
+                          f"{' ...' if len(extra) > 5 else ''}")
+  return plan, used
+
+
+def _plan_experts(cfg, src, prefixes, used, j) -> dict:
+  """Routed experts {wi_gate, wi_up [L, E, H, I], wo [L, E, I, H]}, from either stored form.
+
+  Only the experts (and rows/columns) of the requested block are read: an expert-parallel
+  shard never touches the other experts' bytes.
+  """
+  e, i, h = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+  shapes = {"wi_gate": (e, h, i), "wi_up": (e, h, i), "wo": (e, i, h)}
+  per_layer = {name: [] for name in shapes}
+  for ep in prefixes:
+    if ep + "gate_up_proj" in src.weight_map:
+      # Fused: gate_up_proj [E, 2I, H], down_proj [E, H, I].
+      gu, down = ep + "gate_up_proj", ep + "down_proj"
+      for key, want in ((gu, (e, 2 * i, h)), (down, (e, h, i))):
+        if src.shape(key) != want:
+          raise CheckpointError(f"tensor {key} has shape {src.shape(key)}, expected {want}")
+      used.update({gu, down})
+
+      def gate_or_up(idx, gu=gu, offset=0):   # idx over [E, H, I]
+        rows = slice(idx[2].start + offset, idx[2].stop + offset)
+        return np.swapaxes(src.get(gu, (idx[0], rows, idx[1])), 1, 2)
+      per_layer["wi_gate"].append(gate_or_up)
+      per_layer["wi_up"].append(lambda idx, f=gate_or_up: f(idx, offset=i))
+      per_layer["wo"].append(
+          lambda idx, down=down: np.swapaxes(src.get(down, (idx[0], idx[2], idx[1])), 1, 2))
+    else:
+      # Per expert, torch layout: gate_proj / up_proj [I, H], down_proj [H, I].
+      for name, ours, stored in (("gate_proj", "wi_gate", (i, h)), ("up_proj", "wi_up", (i, h)),
+                                 ("down_proj", "wo", (h, i))):
+        keys = [f"{ep}{x}.{name}.weight" for x in range(e)]
+        for key in keys:
+          if src.shape(key) != stored:
+            raise CheckpointError(f"tensor {key} has shape {src.shape(key)}, expected {stored}")
+        used.update(keys)
+        per_layer[ours].append(
+            lambda idx, keys=keys: np.stack([src.get(keys[x], idx[1:][::-1]).T
+                                             for x in range(idx[0].start, idx[0].stop)]))
+  expected = _expected_shapes(cfg)
+  out = {}
+  for name, shape in shapes.items():
+    path = ("blocks", j, "ffn", name)
+    assert expected[path] == shape, (path, expected[path], shape)
+    out[path] = _Leaf((cfg.num_cycles,) + shape, _stacked(per_layer[name]))
+  return out
+
+
+def read_config(path: str, dtype=jnp.float32, **overrides) -> ModelConfig:
+  """The ModelConfig of the checkpoint at `path` (config.json only)."""
   cfg_path = os.path.join(path, "config.json")
   if not os.path.exists(cfg_path):
     raise CheckpointError(f"{path}: no config.json")
   with open(cfg_path) as f:
     hf_config = json.load(f)
-  dtype_name = jnp.dtype(dtype).name
-  cfg = config_lib.from_hf_dict(hf_config, dtype=dtype_name, **overrides)
-  src = _TensorSource(path)
-  keys = [k for k in src.keys() if not _IGNORED.match(k)]
-  prefix = "model.language_model." if any(k.startswith("model.language_model.") for k in keys) \
-      else "model."
-  expected = _expected_shapes(cfg)   # our path -> our shape, to check every tensor
-  used = set()
-
-  def fetch(key, to_ours, our_path):
-    if key not in src.weight_map:
-      raise CheckpointError(f"missing tensor {key}")
-    used.add(key)
-    a = src.get(key)
-    a = to_ours(a) if to_ours else a
-    want = expected[our_path]
-    if a.shape != want:
-      raise CheckpointError(f"tensor {key} has shape {tuple(src.get(key).shape)}, "
-                            f"which does not fit the config (expects {want} after conversion)")
-    return a
-
-  blocks = []
-  for j, layer_type in enumerate(cfg.cycle):
-    per_cycle = []
-    for c in range(cfg.num_cycles):
-      lp = f"{prefix}layers.{_layer_index(cfg, j, c)}."
-      layer = {}
-      for suffix, our, to_ours, _ in _layer_specs(cfg, layer_type):
-        _set_in(layer, our, fetch(lp + suffix, to_ours, ("blocks", j) + our))
-      if cfg.use_moe:
-        layer["ffn"].update(_read_experts(cfg, src, lp + "mlp.experts.", used, expected, j))
-      per_cycle.append(layer)
-    blocks.append(jax.tree.map(lambda *xs: np.stack(xs), *per_cycle))
-  params = {"embed": fetch(prefix + "embed_tokens.weight", None, ("embed",)),
-            "blocks": tuple(blocks),
-            "final_norm": fetch(prefix + "norm.weight", None, ("final_norm",))}
-  if not cfg.tie_word_embeddings:
-    params["lm_head"] = fetch("lm_head.weight", _t, ("lm_head",))
-  extra = sorted(set(keys) - used - ({"lm_head.weight"} if cfg.tie_word_embeddings else set()))
-  if extra:
-    raise CheckpointError(f"unexpected tensors in checkpoint: {extra[:5]}"
-                          f"{' ...' if len(extra) > 5 else ''}")
-  params = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
-  return cfg, params
+  return config_lib.from_hf_dict(hf_config, dtype=jnp.dtype(dtype).name, **overrides)
 
 
-def _read_experts(cfg, src, ep, used, expected, j):
-  """Routed experts in our layout {wi_gate, wi_up [E, H, I], wo [E, I, H]}, either HF form."""
-  e, i = cfg.num_experts, cfg.moe_intermediate_size
-  if ep + "gate_up_proj" in src.weight_map:
-    used.update({ep + "gate_up_proj", ep + "down_proj"})
-    gate_up = src.get(ep + "gate_up_proj")
-    if ep + "down_proj" not in src.weight_map:
-      raise CheckpointError(f"missing tensor {ep}down_proj")
-    down = src.get(ep + "down_proj")
-    if gate_up.shape != (e, 2 * i, cfg.hidden_size):
-      raise CheckpointError(f"tensor {ep}gate_up_proj has shape {gate_up.shape}, expected "
-                            f"{(e, 2 * i, cfg.hidden_size)}")
-    if down.shape != (e, cfg.hidden_size, i):
-      raise CheckpointError(f"tensor {ep}down_proj has shape {down.shape}, expected "
-                            f"{(e, cfg.hidden_size, i)}")
-    gate_up = np.swapaxes(gate_up, 1, 2)
-    return {"wi_gate": gate_up[..., :i], "wi_up": gate_up[..., i:], "wo": np.swapaxes(down, 1, 2)}
-  out = {"wi_gate": [], "wi_up": [], "wo": []}
-  for x in range(e):
-    for name, ours, shape in (("gate_proj", "wi_gate", (i, cfg.hidden_size)),
-                              ("up_proj", "wi_up", (i, cfg.hidden_size)),
-                              ("down_proj", "wo", (cfg.hidden_size, i))):
-      key = f"{ep}{x}.{name}.weight"
-      if key not in src.weight_map:
-        raise CheckpointError(f"missing tensor {key}")
-      a = src.get(key)
-      if a.shape != shape:
-        raise CheckpointError(f"tensor {key} has shape {a.shape}, expected {shape}")
-      used.add(key)
-      out[ours].append(a.T)
-  return {k: np.stack(v) for k, v in out.items()}
+def _open(path: str, dtype, overrides) -> tuple[ModelConfig, dict, object]:
+  """(config, plan, abstract params) of the checkpoint at `path`."""
+  cfg = read_config(path, dtype, **overrides)
+  plan, _ = _plan(cfg, _TensorSource(path))
+  from models import qwen3_5  # pylint: disable=g-import-not-at-top
+  abstract = jax.eval_shape(lambda k: qwen3_5.init_params(cfg, k), jax.random.key(0))
+  return cfg, plan, abstract
+
+
+def _names(path) -> tuple:
+  return tuple(getattr(p, "key", getattr(p, "idx", None)) for p in path)
+
+
+def load(path: str, dtype=jnp.float32, **overrides):
+  """Reads `path` -> (ModelConfig, params in `dtype`), each param whole on the default device."""
+  cfg, plan, abstract = _open(path, dtype, overrides)
+
+  def one(p, _):
+    leaf = plan[_names(p)]
+    return jnp.asarray(leaf.read(leaf.full_index()), dtype)
+  return cfg, jax.tree_util.tree_map_with_path(one, abstract)
+
+
+def load_sharded(path: str, shardings, dtype=jnp.float32, **overrides):
+  """Reads `path` -> (ModelConfig, params laid out by `shardings`).
+
+  `shardings`: a jax.sharding.Sharding per param, in the structure of `init_params` (e.g.
+  TrainStep.state_shardings["params"]). Each process reads only the blocks its own devices
+  hold, one block at a time, so host memory stays at about one shard of one tensor instead of
+  the whole model (which, for the full-size configs, no host has).
+  """
+  cfg, plan, abstract = _open(path, dtype, overrides)
+
+  def one(p, sds, sharding):
+    leaf = plan[_names(p)]
+    blocks = {}   # replicas of a shard on several local devices: read once
+
+    def block(index):
+      idx = _full_slices(index, leaf.shape)
+      k = tuple((s.start, s.stop) for s in idx)
+      if k not in blocks:
+        blocks[k] = np.asarray(leaf.read(idx)).astype(sds.dtype)
+      return blocks[k]
+    return jax.make_array_from_callback(leaf.shape, sharding, block)
+  return cfg, jax.tree_util.tree_map_with_path(one, abstract, shardings)
 
 
 def _expected_shapes(cfg: ModelConfig) -> dict:
@@ -229,7 +348,7 @@ def _expected_shapes(cfg: ModelConfig) -> dict:
   shapes = jax.eval_shape(lambda k: qwen3_5.init_params(cfg, k), jax.random.key(0))
   out = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]:
-    names = tuple(getattr(p, "key", getattr(p, "idx", None)) for p in path)
+    names = _names(path)
     shape = leaf.shape[1:] if names[0] == "blocks" else leaf.shape
     out[names] = tuple(shape)
   return out

@@ -307,9 +307,14 @@ def count_params(cfg: ModelConfig) -> dict:
 
 # -- Hugging Face checkpoints ---------------------------------------------------------------
 
-def load_hf(path, dtype=jnp.float32, **overrides):
-  """Reads a local Hugging Face directory -> (ModelConfig, params). Never touches the network."""
+def load_hf(path, dtype=jnp.float32, shardings=None, **overrides):
+  """Reads a local Hugging Face directory -> (ModelConfig, params). Never touches the network.
+
+  `shardings` (a Sharding per param): each device reads only its own shard (hf_io.load_sharded).
+  """
   from models import hf_io  # pylint: disable=g-import-not-at-top
+  if shardings is not None:
+    return hf_io.load_sharded(path, shardings, dtype=dtype, **overrides)
   return hf_io.load(path, dtype=dtype, **overrides)
 
 

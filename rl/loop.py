@@ -455,9 +455,11 @@ def sft_dir(config) -> str:
   return config.sft.dir or os.path.join(run_dir(config), "sft")
 
 
-def init_params(config):
+def init_params(config, shardings=None):
   """The policy's starting weights: config.train.init_from (a Hugging Face directory, e.g. a
-  Qwen3.5 release or the tiny base checkpoint) or, when that is empty, the seeded random init."""
+  Qwen3.5 release or the tiny base checkpoint) or, when that is empty, the seeded random init.
+  With `shardings` (a Sharding per param) a checkpoint is read straight into those shards, each
+  process reading only its own devices' blocks."""
   import jax
   from models import qwen3_5
   cfg = qwen3_5.config_from_dict(config.model)
@@ -466,15 +468,15 @@ def init_params(config):
   path = config.train.init_from
   if not os.path.isdir(path):
     raise FileNotFoundError(f"config.train.init_from={path!r} is not a directory")
-  loaded_cfg, params = qwen3_5.load_hf(path, dtype=cfg.jnp_param_dtype)
-  want = jax.tree.map(lambda x: (x.shape, x.dtype), jax.eval_shape(
-      lambda: qwen3_5.init_params(cfg, jax.random.key(0))))
-  got = jax.tree.map(lambda x: (x.shape, x.dtype), params)
-  if want != got:
+  from models import hf_io
+  loaded_cfg = hf_io.read_config(path, dtype=cfg.jnp_param_dtype)
+  shapes = lambda c: jax.tree.map(lambda x: (x.shape, x.dtype), jax.eval_shape(
+      lambda: qwen3_5.init_params(c, jax.random.key(0))))
+  if shapes(loaded_cfg) != shapes(cfg):
     raise ValueError(f"config.train.init_from={path!r} holds a model of another shape than "
                      f"config.model (checkpoint: hidden {loaded_cfg.hidden_size}, "
                      f"{loaded_cfg.num_hidden_layers} layers, vocab {loaded_cfg.vocab_size})")
-  return params
+  return qwen3_5.load_hf(path, dtype=cfg.jnp_param_dtype, shardings=shardings)[1]
 
 
 def save_params(directory: str, params, meta: dict, step: int = 0) -> None:
@@ -672,7 +674,7 @@ def run_rl(config, flags=None) -> dict:
       else:
         print(f"SFT params from {sft_dir(config)}", flush=True)
     if params is None and config.train.init_from:
-      params = init_params(config)
+      params = init_params(config, step_fn.state_shardings["params"])
     state = step_fn.init_state(jax.random.key(config.seed))
     if params is not None:
       state = _with_params(step_fn, state, params)

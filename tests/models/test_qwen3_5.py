@@ -164,15 +164,8 @@ def _rewrite(path, fn):
   save_file(tensors, f, metadata={"format": "pt"})
 
 
-def test_sharded_index_and_text_only_fused_layouts_load_identically(saved, tmp_path):
-  cfg, params, _ = saved
-  sharded = qwen3_5.save_hf(cfg, params, str(tmp_path / "sharded"), max_shard_bytes=200_000)
-  assert os.path.exists(os.path.join(sharded, "model.safetensors.index.json"))
-  _, p_sharded = qwen3_5.load_hf(sharded)
-  jax.tree.map(np.testing.assert_array_equal, p_sharded, params)
-
-  # The text-only layout: flat config, keys under `model.`, experts fused as transformers keeps them.
-  flat_dir = tmp_path / "text_only"
+def _save_text_only_fused(cfg, params, flat_dir):
+  """`params` in the text-only layout (flat config, keys under `model.`, fused experts)."""
   flat_dir.mkdir()
   tensors = hf_io.to_hf_tensors(cfg, jax.device_get(params), prefix="model.")
   for key in [k for k in tensors if k.endswith(".mlp.experts.0.gate_proj.weight")]:
@@ -188,6 +181,18 @@ def test_sharded_index_and_text_only_fused_layouts_load_identically(saved, tmp_p
   from models import config as config_lib
   with open(flat_dir / "config.json", "w") as f:
     json.dump(config_lib.to_hf_text_dict(cfg), f)
+  return flat_dir
+
+
+def test_sharded_index_and_text_only_fused_layouts_load_identically(saved, tmp_path):
+  cfg, params, _ = saved
+  sharded = qwen3_5.save_hf(cfg, params, str(tmp_path / "sharded"), max_shard_bytes=200_000)
+  assert os.path.exists(os.path.join(sharded, "model.safetensors.index.json"))
+  _, p_sharded = qwen3_5.load_hf(sharded)
+  jax.tree.map(np.testing.assert_array_equal, p_sharded, params)
+
+  # The text-only layout: flat config, keys under `model.`, experts fused as transformers keeps them.
+  flat_dir = _save_text_only_fused(cfg, params, tmp_path / "text_only")
   cfg_flat, p_flat = qwen3_5.load_hf(str(flat_dir))
   assert cfg_flat == cfg.replace(intermediate_size=0)  # the dense width is not part of a MoE config
   jax.tree.map(np.testing.assert_array_equal, p_flat, params)
@@ -261,3 +266,60 @@ def test_chunked_token_logprobs_match_full_logits(model):
   for a, b in zip(jax.tree.leaves(grad(chunked)(params, hidden)),
                   jax.tree.leaves(grad(cfg)(params, hidden))):
     np.testing.assert_allclose(a, b, atol=1e-5 * max(1.0, float(jnp.abs(b).max())))
+
+
+def _param_shardings(cfg, mesh_shape):
+  from models import sharding as shd
+  c = base.get_config()
+  with c.mesh.unlocked():
+    c.mesh.shape = mesh_shape
+  mesh = shd.make_mesh(c.mesh)
+  shapes = jax.eval_shape(lambda k: qwen3_5.init_params(cfg, k), jax.random.key(0))
+  return shd.tree_shardings(qwen3_5.param_axes(cfg), shapes, mesh,
+                            shd.rules_from_config(c.mesh.rules))
+
+
+@pytest.mark.parametrize("layout", ["hub", "text_only_fused"])
+def test_sharded_load_builds_each_param_on_its_devices_equal_to_the_whole_load(saved, tmp_path,
+                                                                               layout):
+  cfg, params, path = saved
+  if layout == "text_only_fused":
+    path = str(_save_text_only_fused(cfg, params, tmp_path / "fused"))
+  shardings = _param_shardings(cfg, (1, 2, 2, 2))
+  reads = []
+  real_get = hf_io._TensorSource.get
+
+  def counting_get(self, key, index=None):
+    out = real_get(self, key, index)
+    reads.append((key, out.nbytes, int(np.prod(self.shape(key))) * 4))
+    return out
+  hf_io._TensorSource.get = counting_get
+  try:
+    _, got = qwen3_5.load_hf(path, shardings=shardings)
+  finally:
+    hf_io._TensorSource.get = real_get
+  for (p, a), want, sh in zip(jax.tree_util.tree_flatten_with_path(got)[0],
+                              jax.tree.leaves(params), jax.tree.leaves(shardings)):
+    assert a.sharding.is_equivalent_to(sh, a.ndim), jax.tree_util.keystr(p)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(want), err_msg=jax.tree_util.keystr(p))
+  # Experts are split over the expert axis (2) and their matrices over fsdp x tensor (2 x 2):
+  # a read of a per-expert matrix is a quarter of it; of a fused tensor, an eighth (down_proj)
+  # or a sixteenth (gate_up_proj holds both halves).
+  share = {"hub": 4, "text_only_fused": 8}[layout]
+  expert_reads = [(k, n * share * (2 if k.endswith("gate_up_proj") else 1), total)
+                  for k, n, total in reads if ".mlp.experts." in k]
+  assert expert_reads
+  assert all(n == total for _, n, total in expert_reads), expert_reads[:3]
+
+
+def test_sharded_load_checks_shapes_before_reading_any_tensor(saved):
+  _, _, path = saved
+  key = "model.language_model.layers.1.linear_attn.in_proj_z.weight"
+  _rewrite(path, lambda t: dict(t, **{key: jnp.zeros((3, 3))}))
+  real_get = hf_io._TensorSource.get
+  hf_io._TensorSource.get = lambda *a, **k: pytest.fail("a tensor was read before the check")
+  try:
+    with pytest.raises(hf_io.CheckpointError, match=f"tensor {key} has shape"):
+      qwen3_5.load_hf(path, shardings=_param_shardings(hf_io.read_config(path), (1, 8, 1, 1)))
+  finally:
+    hf_io._TensorSource.get = real_get

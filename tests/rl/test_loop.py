@@ -139,10 +139,20 @@ def test_init_from_loads_a_hugging_face_checkpoint_and_rejects_other_shapes(tmp_
   got = loop.init_params(c)
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # Read straight into the train step's shards: same values, the step's layout.
+  from models import sharding as shd
+  from rl.train_step import TrainStep
+  shardings = TrainStep(c, shd.make_mesh(c.mesh)).state_shardings["params"]
+  got = loop.init_params(c, shardings)
+  for a, b, sh in zip(jax.tree.leaves(got), jax.tree.leaves(params), jax.tree.leaves(shardings)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert a.sharding.is_equivalent_to(sh, a.ndim)
   with c.unlocked():
     c.model.hidden_size = 32
   with pytest.raises(ValueError, match="another shape"):
     loop.init_params(c)
+  with pytest.raises(ValueError, match="another shape"):
+    loop.init_params(c, shardings)
   with c.unlocked():
     c.train.init_from = str(tmp_path / "missing")
   with pytest.raises(FileNotFoundError, match="init_from"):
