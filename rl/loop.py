@@ -684,7 +684,8 @@ def run_rl(config, flags=None) -> dict:
   eval_tasks = select_tasks(config, "eval", config.loop.eval_levels, config.loop.eval_max_tasks)
   stream = TaskStream(train_tasks, config.seed, meta.get("data_position", 0))
 
-  server = build_server(config, params=_host(state["params"]), port=0)
+  # The engine copies the weights device to device (rl/rollout/engine.py, _place).
+  server = build_server(config, params=state["params"], port=0)
   cfg = config.copy_and_resolve_references()
   with cfg.unlocked():
     cfg.rollout.address = server.address
@@ -710,7 +711,7 @@ def run_rl(config, flags=None) -> dict:
           t_roll = time.monotonic() - t0
           batch, m = rl_batch(results, cfg)
           state, tm = step_fn(state, step_fn.shard_batch(batch))
-          server.update_weights(_host(state["params"]), version=step + 1)
+          server.update_weights(state["params"], version=step + 1)
           tm = {k: float(v) for k, v in jax.device_get(tm).items() if np.ndim(v) == 0}
           m.update(tm)
           m.update({"time/rollout_s": t_roll, "time/step_s": time.monotonic() - t0,
@@ -790,11 +791,6 @@ def _write_json(path: str, obj) -> None:
   with open(tmp, "w", encoding="utf-8") as f:
     json.dump(obj, f, indent=1)
   os.replace(tmp, path)
-
-
-def _host(params):
-  import jax
-  return jax.device_get(params)
 
 
 def _with_params(step_fn, state, params):

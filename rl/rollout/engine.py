@@ -111,6 +111,14 @@ def _unwrap(params):
   return params.get()[0] if isinstance(params, ParamsHandle) else params
 
 
+def _shares_buffers(a, b) -> bool:
+  """Whether device arrays `a` and `b` share any device buffer."""
+  if not isinstance(a, jax.Array) or not isinstance(b, jax.Array):
+    return False
+  ptrs = {s.data.unsafe_buffer_pointer() for s in a.addressable_shards}
+  return any(s.data.unsafe_buffer_pointer() in ptrs for s in b.addressable_shards)
+
+
 def _split_seed(seed: int) -> tuple[np.uint32, np.uint32]:
   seed = int(seed) & 0xFFFF_FFFF_FFFF_FFFF
   return np.uint32(seed & 0xFFFF_FFFF), np.uint32(seed >> 32)
@@ -198,10 +206,8 @@ class QwenEngine(engine_api.Engine):
       from models import sharding  # pylint: disable=g-import-not-at-top
       shapes = jax.eval_shape(lambda: params)
       self._param_shardings = sharding.tree_shardings(qwen3_5.param_axes(cfg), shapes, mesh, rules)
-      params = jax.device_put(params, self._param_shardings)
-    else:
-      # Placed exactly as `update_params` will place new weights, so a swap never recompiles.
-      params = jax.device_put(params, jax.devices()[0])
+    # Placed exactly as `update_params` will place new weights, so a swap never recompiles.
+    params = self._place(params)
     self._handle = ParamsHandle(params)
     self._abstract_params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
     self._prefill_jit = jax.jit(self._prefill_impl)
@@ -284,12 +290,22 @@ class QwenEngine(engine_api.Engine):
            if (g.shape, g.dtype) != (w.shape, w.dtype)]
     if bad:
       raise ValueError("new params differ in shape/dtype (this would recompile): " + "; ".join(bad[:5]))
-    if self._param_shardings is not None:
-      params = jax.device_put(params, self._param_shardings)
-    else:
-      params = jax.device_put(params, jax.devices()[0])
-    params = jax.block_until_ready(params)
+    params = jax.block_until_ready(self._place(params))
     return self._handle.swap(params, version)
+
+  def _place(self, params):
+    """`params` (host or device arrays, any layout) as the engine's own copy on its devices.
+
+    Device arrays go device to device (from a training mesh: the reshard), never through the
+    host. Always a copy: a train step that donates its state (rl/train_step.py) must not be
+    able to free the arrays the engine is serving with.
+    """
+    where = self._param_shardings if self._param_shardings is not None else jax.devices()[0]
+    placed = jax.device_put(params, where, may_alias=False)
+    # A replicated array put on one of its own devices comes back as that device's buffer even
+    # with may_alias=False (JAX 0.10): those leaves are copied on the device.
+    return jax.tree.map(lambda src, out: jnp.copy(out) if _shares_buffers(src, out) else out,
+                        params, placed)
 
   @property
   def params_version(self) -> int:

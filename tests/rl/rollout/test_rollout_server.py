@@ -204,6 +204,34 @@ def test_weight_update_takes_effect_without_recompile(client, server, model, ful
     server.update_weights(old)
 
 
+@pytest.mark.parametrize("train_devices", [1, 8])
+def test_weights_synced_from_a_donated_train_state_stay_served(client, server, model, full_forward,
+                                                               train_devices):
+  """The RL loop syncs the train state's device arrays (no host copy); the next train step
+  donates that state. The engine serves its own copy, so it keeps generating with them, also
+  when the train state already sits where the engine serves (one device: no reshard)."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  cfg, old = model
+  new = qwen3_5.init_params(cfg, jax.random.key(7))
+  want = {i: greedy_by_recompute(full_forward, new, PROMPTS[i], 6) for i in (0, 1)}
+  mesh = jax.make_mesh((train_devices,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.devices()[:train_devices])
+  train_like = jax.tree.map(
+      lambda x: jax.device_put(x, NamedSharding(mesh, P("fsdp") if x.shape[0] % 8 == 0 else P()),
+                           may_alias=False),
+      new)
+  donating_step = jax.jit(lambda p: jax.tree.map(lambda x: x * 0.5, p), donate_argnums=0)
+  try:
+    server.update_weights(train_like)
+    stepped = jax.block_until_ready(donating_step(train_like))
+    assert all(x.is_deleted() for x in jax.tree.leaves(train_like))
+    for i in (0, 1):
+      assert client.generate(PROMPTS[i], GREEDY, max_tokens=6, stop_ids=[]).ids == want[i]
+    del stepped
+  finally:
+    server.update_weights(old)
+
+
 def test_generate_thread_survives_the_last_slot_freed_mid_step(server, monkeypatch):
   """JetStream's slot-count race, forced: the detokenize thread holds the first decode step's
   result until the generate thread (which counted a busy slot and holds one free slot) is in
