@@ -21,6 +21,7 @@ import dataclasses
 import json
 import math
 import os
+import sys
 import time
 from typing import Any, Optional, Sequence
 
@@ -213,8 +214,10 @@ def _is_num(v) -> bool:
 
 def _bar(config, total: int, desc: str):
   from tqdm import tqdm
+  # Redirected to a file, a bar that redraws ten times a second fills it: every 30 s then.
+  interval = 0.1 if sys.stderr.isatty() else 30.0
   return tqdm(total=total, desc=desc, disable=not config.loop.progress, dynamic_ncols=True,
-              leave=True)
+              leave=True, mininterval=interval)
 
 
 def run_dir(config) -> str:
