@@ -198,7 +198,7 @@ class TrainStep:
       # is a product of token means (routed fraction x mean router probability), and a
       # micro-batch's product is not its share of the whole batch's. Exact invariance would
       # need the routed fractions of the whole batch before any backward pass (a second
-      # forward); per-micro-batch balance losses are what MaxText and Megatron use too.
+      # forward of every micro-batch), which this step does not pay for.
       lb = load_balancing_loss(out[2], self.model_cfg.num_experts,
                                self.model_cfg.num_experts_per_tok) / self.config.train.micro_batches
       loss = loss + rl.moe_aux_loss_coef * lb
