@@ -170,6 +170,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.train.steps = 100                # optimizer steps of the run
   c.train.prompts_per_step = 16      # prompt groups per rollout batch
   c.train.samples_per_prompt = 16    # samples per prompt (group size)
+  c.train.max_draws = 1              # dynamic sampling: draws of prompts_per_step tasks a step until
+                                     # that many groups carry signal (not all pass / all fail); 1 = off
   c.train.mini_batches = 1           # optimizer updates per rollout batch (1 = on-policy)
   c.train.micro_batches = 1          # gradient-accumulation splits of a mini-batch (lax.scan)
   c.train.seq_len = 256              # padded token length of a training row

@@ -612,6 +612,53 @@ def rl_batch(results, config) -> tuple[dict, dict]:
   return batch, m
 
 
+def informative_groups(results, config) -> list[int]:
+  """Group ids (in first-seen order) whose rows the train step learns from: the group masking
+  and the zero-variance filter of `rl_batch`, applied to these results alone."""
+  from envs.harness.batch import collate
+  from rl import grpo
+  d = collate(results, config.harness.max_timeouts_per_group)
+  live = grpo.live_rows(d["rewards"], d["group_ids"], d["train_mask"], d["loss_mask"],
+                        config.rl.filter_zero_variance)
+  with_signal = {int(g) for g, l in zip(d["group_ids"], live) if l}
+  return [g for g in dict.fromkeys(r.group_id for r in results) if g in with_signal]
+
+
+def pick_groups(results, config, n_groups: int) -> list:
+  """Dynamic sampling's batch: the first `n_groups` groups with signal in draw order, filled up
+  with groups without signal when fewer have it (the step's batch keeps one shape), renumbered
+  0..n_groups-1."""
+  order = list(dict.fromkeys(r.group_id for r in results))
+  live = informative_groups(results, config)
+  keep = (live + [g for g in order if g not in set(live)])[:n_groups]
+  if len(keep) < n_groups:
+    raise ValueError(f"{len(order)} groups drawn, {n_groups} needed")
+  new_id = {g: i for i, g in enumerate(keep)}
+  by_group = {g: [r for r in results if r.group_id == g] for g in keep}
+  return [dataclasses.replace(r, group_id=new_id[g]) for g in keep for r in by_group[g]]
+
+
+def _draw_rollouts(pool, stream, cfg, step: int) -> tuple[list, dict]:
+  """One step's rollouts. With train.max_draws > 1 (dynamic sampling, as in DAPO), further draws
+  of prompts_per_step tasks are rolled out while fewer than prompts_per_step groups carry
+  signal; the batch is then `pick_groups` of all of them."""
+  p, g = int(cfg.train.prompts_per_step), int(cfg.train.samples_per_prompt)
+  max_draws = max(int(cfg.train.max_draws), 1)
+  results, draws = [], 0
+  while draws < max_draws:
+    eps = make_episodes(stream.take(p), cfg, g, first_group=draws * p,
+                        seed_offset=104729 * (step + 1))
+    results += pool.run(eps)
+    draws += 1
+    if max_draws == 1 or len(informative_groups(results, cfg)) >= p:
+      break
+  m = {"train/draws": float(draws)}
+  if max_draws > 1:
+    m["train/informative_groups_drawn"] = float(len(informative_groups(results, cfg)))
+    results = pick_groups(results, cfg, p)
+  return results, m
+
+
 def _evaluate(pool, config, tasks, step: int, tag: str) -> dict:
   eps = make_episodes(tasks, config, config.loop.eval_samples, seed_offset=7919 * (step + 1),
                       temperature=_eval_temperature(config))
@@ -703,16 +750,14 @@ def run_rl(config, flags=None) -> dict:
         _write_json(summary_path, _finish(summary, config, eval_tasks))
       print(_fmt_eval(_before_label(config), summary["before_rl"]), flush=True)
       steps = int(config.train.steps)
-      p, g = int(config.train.prompts_per_step), int(config.train.samples_per_prompt)
       with _bar(config, steps, "rl") as bar:
         bar.update(start_step)
         for step in range(start_step, steps):
           t0 = time.monotonic()
-          tasks = stream.take(p)
-          eps = make_episodes(tasks, cfg, g, first_group=0, seed_offset=104729 * (step + 1))
-          results = pool.run(eps)
+          results, m_draw = _draw_rollouts(pool, stream, cfg, step)
           t_roll = time.monotonic() - t0
           batch, m = rl_batch(results, cfg)
+          m.update(m_draw)
           state, tm = step_fn(state, step_fn.shard_batch(batch))
           server.update_weights(state["params"], version=step + 1)
           tm = {k: float(v) for k, v in jax.device_get(tm).items() if np.ndim(v) == 0}

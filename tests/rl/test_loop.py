@@ -406,3 +406,37 @@ def test_batch_that_does_not_split_into_micro_batches_is_a_clear_error():
   c.train.prompts_per_step, c.train.samples_per_prompt = 1, 2
   with pytest.raises(ValueError, match="train.micro_batches"):
     loop.check_batch_shape(c)
+
+
+def _episode(group, sample, reward, outcome="ok"):
+  from envs.harness.world import EpisodeResult
+  return EpisodeResult(task_id=f"t{group}", group_id=group, sample_index=sample, outcome=outcome,
+                       tokens=[1, 2, 3, 4], loss_mask=[0, 0, 1, 1],
+                       rollout_logprobs=[0.0, 0.0, -1.0, -1.0], prompt_len=2, reward=reward,
+                       passed=reward == 1.0)
+
+
+def test_dynamic_sampling_keeps_groups_with_signal_first_and_renumbers_them():
+  c = tiny_cpu.get_config()
+  rewards = {10: (1, 1), 11: (0, 1), 12: (0, 0), 13: (1, 0), 14: (0, 1)}   # 11, 13, 14 split
+  results = [_episode(g, k, float(r)) for g, rs in rewards.items() for k, r in enumerate(rs)]
+  assert loop.informative_groups(results, c) == [11, 13, 14]
+  picked = loop.pick_groups(results, c, 2)
+  assert [r.task_id for r in picked] == ["t11", "t11", "t13", "t13"]
+  assert [r.group_id for r in picked] == [0, 0, 1, 1]
+  # Too few with signal: filled with the first groups without, so the batch keeps its shape.
+  picked = loop.pick_groups(results, c, 4)
+  assert [r.task_id for r in picked][::2] == ["t11", "t13", "t14", "t10"]
+  batch, m = loop.rl_batch(picked, c)
+  assert m["train/live_rows"] == 6.0
+  with pytest.raises(ValueError, match="5 groups drawn, 6 needed"):
+    loop.pick_groups(results, c, 6)
+
+
+def test_a_group_masked_for_timeouts_carries_no_signal_for_dynamic_sampling():
+  c = tiny_cpu.get_config()
+  with c.unlocked():
+    c.harness.max_timeouts_per_group = 0
+  results = [_episode(0, 0, 1.0), _episode(0, 1, 0.0, outcome="tool_timeout"),
+             _episode(1, 0, 1.0), _episode(1, 1, 0.0)]
+  assert loop.informative_groups(results, c) == [1]
