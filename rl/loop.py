@@ -473,8 +473,9 @@ def init_params(config, shardings=None):
     raise FileNotFoundError(f"config.train.init_from={path!r} is not a directory")
   from models import hf_io
   loaded_cfg = hf_io.read_config(path, dtype=cfg.jnp_param_dtype)
-  shapes = lambda c: jax.tree.map(lambda x: (x.shape, x.dtype), jax.eval_shape(
-      lambda: qwen3_5.init_params(c, jax.random.key(0))))
+  def shapes(model_cfg):
+    return jax.tree.map(lambda x: (x.shape, x.dtype), jax.eval_shape(
+        lambda: qwen3_5.init_params(model_cfg, jax.random.key(0))))
   if shapes(loaded_cfg) != shapes(cfg):
     raise ValueError(f"config.train.init_from={path!r} holds a model of another shape than "
                      f"config.model (checkpoint: hidden {loaded_cfg.hidden_size}, "
