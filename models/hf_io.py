@@ -206,12 +206,12 @@ def _stacked(readers):
   return lambda idx: np.stack([readers[c](idx[1:]) for c in range(idx[0].start, idx[0].stop)])
 
 
-def _plan(cfg: ModelConfig, src: _TensorSource) -> tuple[dict, set]:
-  """Our param path -> `_Leaf`, and the stored keys the plan uses; checks every key's shape."""
+def _plan(cfg: ModelConfig, src: _TensorSource, expected: dict) -> dict:
+  """Our param path -> `_Leaf`; checks every stored key's shape against `expected` (our path ->
+  our shape, one layer for block params: `_expected_shapes`)."""
   keys = [k for k in src.keys() if not _IGNORED.match(k)]
   prefix = "model.language_model." if any(k.startswith("model.language_model.") for k in keys) \
       else "model."
-  expected = _expected_shapes(cfg)   # our path -> our shape (one layer for block params)
   used, plan = set(), {}
 
   def reader(key, to_ours, our_path):
@@ -225,7 +225,8 @@ def _plan(cfg: ModelConfig, src: _TensorSource) -> tuple[dict, set]:
       plan[path] = _Leaf((cfg.num_cycles,) + expected[path],
                          _stacked([reader(lp + suffix, to_ours, path) for lp in layers]))
     if cfg.use_moe:
-      plan.update(_plan_experts(cfg, src, [lp + "mlp.experts." for lp in layers], used, j))
+      plan.update(_plan_experts(cfg, src, [lp + "mlp.experts." for lp in layers], used, j,
+                                expected))
   plan[("embed",)] = _Leaf(expected[("embed",)],
                            reader(prefix + "embed_tokens.weight", None, ("embed",)))
   plan[("final_norm",)] = _Leaf(expected[("final_norm",)],
@@ -236,18 +237,17 @@ def _plan(cfg: ModelConfig, src: _TensorSource) -> tuple[dict, set]:
   if extra:
     raise CheckpointError(f"unexpected tensors in checkpoint: {extra[:5]}"
                           f"{' ...' if len(extra) > 5 else ''}")
-  return plan, used
+  return plan
 
 
-def _plan_experts(cfg, src, prefixes, used, j) -> dict:
+def _plan_experts(cfg, src, prefixes, used, j, expected) -> dict:
   """Routed experts {wi_gate, wi_up [L, E, H, I], wo [L, E, I, H]}, from either stored form.
 
   Only the experts (and rows/columns) of the requested block are read: an expert-parallel
   shard never touches the other experts' bytes.
   """
   e, i, h = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
-  shapes = {"wi_gate": (e, h, i), "wi_up": (e, h, i), "wo": (e, i, h)}
-  per_layer = {name: [] for name in shapes}
+  per_layer = {"wi_gate": [], "wi_up": [], "wo": []}   # ours: [E, H, I], [E, H, I], [E, I, H]
   for ep in prefixes:
     if ep + "gate_up_proj" in src.weight_map:
       # Fused: gate_up_proj [E, 2I, H], down_proj [E, H, I].
@@ -276,13 +276,9 @@ def _plan_experts(cfg, src, prefixes, used, j) -> dict:
         per_layer[ours].append(
             lambda idx, keys=keys: np.stack([src.get(keys[x], idx[1:][::-1]).T
                                              for x in range(idx[0].start, idx[0].stop)]))
-  expected = _expected_shapes(cfg)
-  out = {}
-  for name, shape in shapes.items():
-    path = ("blocks", j, "ffn", name)
-    assert expected[path] == shape, (path, expected[path], shape)
-    out[path] = _Leaf((cfg.num_cycles,) + shape, _stacked(per_layer[name]))
-  return out
+  paths = {name: ("blocks", j, "ffn", name) for name in per_layer}
+  return {paths[name]: _Leaf((cfg.num_cycles,) + expected[paths[name]], _stacked(readers))
+          for name, readers in per_layer.items()}
 
 
 def read_config(path: str, dtype=jnp.float32, **overrides) -> ModelConfig:
@@ -298,10 +294,9 @@ def read_config(path: str, dtype=jnp.float32, **overrides) -> ModelConfig:
 def _open(path: str, dtype, overrides) -> tuple[ModelConfig, dict, object]:
   """(config, plan, abstract params) of the checkpoint at `path`."""
   cfg = read_config(path, dtype, **overrides)
-  plan, _ = _plan(cfg, _TensorSource(path))
   from models import qwen3_5  # pylint: disable=g-import-not-at-top
   abstract = jax.eval_shape(lambda k: qwen3_5.init_params(cfg, k), jax.random.key(0))
-  return cfg, plan, abstract
+  return cfg, _plan(cfg, _TensorSource(path), _expected_shapes(abstract)), abstract
 
 
 def _names(path) -> tuple:
@@ -342,12 +337,11 @@ def load_sharded(path: str, shardings, dtype=jnp.float32, **overrides):
   return cfg, jax.tree_util.tree_map_with_path(one, abstract, shardings)
 
 
-def _expected_shapes(cfg: ModelConfig) -> dict:
-  """Our param path -> shape for one layer of each cycle position (no leading cycle axis)."""
-  from models import qwen3_5  # pylint: disable=g-import-not-at-top
-  shapes = jax.eval_shape(lambda k: qwen3_5.init_params(cfg, k), jax.random.key(0))
+def _expected_shapes(abstract_params) -> dict:
+  """Our param path -> shape for one layer of each cycle position (no leading cycle axis), from
+  the abstract params (jax.eval_shape of init_params)."""
   out = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]:
+  for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params)[0]:
     names = _names(path)
     shape = leaf.shape[1:] if names[0] == "blocks" else leaf.shape
     out[names] = tuple(shape)

@@ -625,13 +625,12 @@ def informative_groups(results, config) -> list[int]:
   return [g for g in dict.fromkeys(r.group_id for r in results) if g in with_signal]
 
 
-def pick_groups(results, config, n_groups: int) -> list:
-  """Dynamic sampling's batch: the first `n_groups` groups with signal in draw order, filled up
-  with groups without signal when fewer have it (the step's batch keeps one shape), renumbered
-  0..n_groups-1."""
-  order = list(dict.fromkeys(r.group_id for r in results))
-  live = informative_groups(results, config)
-  keep = (live + [g for g in order if g not in set(live)])[:n_groups]
+def pick_groups(results, live: Sequence[int], n_groups: int) -> list:
+  """Dynamic sampling's batch: the first `n_groups` groups with signal (`live`, in draw order:
+  `informative_groups`), filled up with groups without signal when fewer have it (the step's
+  batch keeps one shape), renumbered 0..n_groups-1."""
+  order, with_signal = list(dict.fromkeys(r.group_id for r in results)), set(live)
+  keep = (list(live) + [g for g in order if g not in with_signal])[:n_groups]
   if len(keep) < n_groups:
     raise ValueError(f"{len(order)} groups drawn, {n_groups} needed")
   new_id = {g: i for i, g in enumerate(keep)}
@@ -646,18 +645,18 @@ def _draw_rollouts(pool, stream, cfg, step: int) -> tuple[list, dict]:
   p, g = int(cfg.train.prompts_per_step), int(cfg.train.samples_per_prompt)
   max_draws = max(int(cfg.train.max_draws), 1)
   results, draws = [], 0
-  while draws < max_draws:
+  while True:
     eps = make_episodes(stream.take(p), cfg, g, first_group=draws * p,
                         seed_offset=104729 * (step + 1))
     results += pool.run(eps)
     draws += 1
-    if max_draws == 1 or len(informative_groups(results, cfg)) >= p:
+    if max_draws == 1:
+      return results, {"train/draws": 1.0}
+    live = informative_groups(results, cfg)
+    if len(live) >= p or draws >= max_draws:
       break
-  m = {"train/draws": float(draws)}
-  if max_draws > 1:
-    m["train/informative_groups_drawn"] = float(len(informative_groups(results, cfg)))
-    results = pick_groups(results, cfg, p)
-  return results, m
+  return pick_groups(results, live, p), {"train/draws": float(draws),
+                                         "train/informative_groups_drawn": float(len(live))}
 
 
 def _evaluate(pool, config, tasks, step: int, tag: str) -> dict:

@@ -281,7 +281,7 @@ def _param_shardings(cfg, mesh_shape):
 
 @pytest.mark.parametrize("layout", ["hub", "text_only_fused"])
 def test_sharded_load_builds_each_param_on_its_devices_equal_to_the_whole_load(saved, tmp_path,
-                                                                               layout):
+                                                                               layout, monkeypatch):
   cfg, params, path = saved
   if layout == "text_only_fused":
     path = str(_save_text_only_fused(cfg, params, tmp_path / "fused"))
@@ -293,11 +293,8 @@ def test_sharded_load_builds_each_param_on_its_devices_equal_to_the_whole_load(s
     out = real_get(self, key, index)
     reads.append((key, out.nbytes, int(np.prod(self.shape(key))) * 4))
     return out
-  hf_io._TensorSource.get = counting_get
-  try:
-    _, got = qwen3_5.load_hf(path, shardings=shardings)
-  finally:
-    hf_io._TensorSource.get = real_get
+  monkeypatch.setattr(hf_io._TensorSource, "get", counting_get)
+  _, got = qwen3_5.load_hf(path, shardings=shardings)
   for (p, a), want, sh in zip(jax.tree_util.tree_flatten_with_path(got)[0],
                               jax.tree.leaves(params), jax.tree.leaves(shardings)):
     assert a.sharding.is_equivalent_to(sh, a.ndim), jax.tree_util.keystr(p)
@@ -312,14 +309,11 @@ def test_sharded_load_builds_each_param_on_its_devices_equal_to_the_whole_load(s
   assert all(n == total for _, n, total in expert_reads), expert_reads[:3]
 
 
-def test_sharded_load_checks_shapes_before_reading_any_tensor(saved):
+def test_sharded_load_checks_shapes_before_reading_any_tensor(saved, monkeypatch):
   _, _, path = saved
   key = "model.language_model.layers.1.linear_attn.in_proj_z.weight"
   _rewrite(path, lambda t: dict(t, **{key: jnp.zeros((3, 3))}))
-  real_get = hf_io._TensorSource.get
-  hf_io._TensorSource.get = lambda *a, **k: pytest.fail("a tensor was read before the check")
-  try:
-    with pytest.raises(hf_io.CheckpointError, match=f"tensor {key} has shape"):
-      qwen3_5.load_hf(path, shardings=_param_shardings(hf_io.read_config(path), (1, 8, 1, 1)))
-  finally:
-    hf_io._TensorSource.get = real_get
+  monkeypatch.setattr(hf_io._TensorSource, "get",
+                      lambda *a, **k: pytest.fail("a tensor was read before the check"))
+  with pytest.raises(hf_io.CheckpointError, match=f"tensor {key} has shape"):
+    qwen3_5.load_hf(path, shardings=_param_shardings(hf_io.read_config(path), (1, 8, 1, 1)))

@@ -421,16 +421,17 @@ def test_dynamic_sampling_keeps_groups_with_signal_first_and_renumbers_them():
   rewards = {10: (1, 1), 11: (0, 1), 12: (0, 0), 13: (1, 0), 14: (0, 1)}   # 11, 13, 14 split
   results = [_episode(g, k, float(r)) for g, rs in rewards.items() for k, r in enumerate(rs)]
   assert loop.informative_groups(results, c) == [11, 13, 14]
-  picked = loop.pick_groups(results, c, 2)
+  live = loop.informative_groups(results, c)
+  picked = loop.pick_groups(results, live, 2)
   assert [r.task_id for r in picked] == ["t11", "t11", "t13", "t13"]
   assert [r.group_id for r in picked] == [0, 0, 1, 1]
   # Too few with signal: filled with the first groups without, so the batch keeps its shape.
-  picked = loop.pick_groups(results, c, 4)
+  picked = loop.pick_groups(results, live, 4)
   assert [r.task_id for r in picked][::2] == ["t11", "t13", "t14", "t10"]
   batch, m = loop.rl_batch(picked, c)
   assert m["train/live_rows"] == 6.0
   with pytest.raises(ValueError, match="5 groups drawn, 6 needed"):
-    loop.pick_groups(results, c, 6)
+    loop.pick_groups(results, live, 6)
 
 
 def test_a_group_masked_for_timeouts_carries_no_signal_for_dynamic_sampling():
