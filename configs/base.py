@@ -174,6 +174,7 @@ def get_config() -> ml_collections.ConfigDict:
                                      # that many groups carry signal (not all pass / all fail); 1 = off
   c.train.mini_batches = 1           # optimizer updates per rollout batch (1 = on-policy)
   c.train.micro_batches = 1          # gradient-accumulation splits of a mini-batch (lax.scan)
+  c.train.skip_empty_updates = True  # no optimizer update (momentum, decay) for a mini-batch without a loss token
   c.train.seq_len = 256              # padded token length of a training row
   c.train.max_context = 160_000      # recipe's maximum trajectory context (tokens)
   c.train.log_every = 1              # steps between metric logs

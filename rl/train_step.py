@@ -250,6 +250,26 @@ class TrainStep:
 
   # -- step --------------------------------------------------------------------------------
 
+  def _apply(self, grads, opt_state, params, live):
+    """One optimizer update, or none when the mini-batch has no loss token (train.skip_empty_updates).
+
+    Without a sampled token left (every group filtered or masked) the gradient is zero, but AdamW
+    would still move every weight along its momentum, decay them, and count the step in its bias
+    correction: a policy change backed by no sample of this batch.
+    """
+    def update(args):
+      g, o, p = args
+      u, o = self.optimizer.update(g, o, p)
+      return optax.apply_updates(p, u), o, u
+
+    def skip(args):
+      g, o, p = args
+      return p, o, jax.tree.map(jnp.zeros_like, g)
+
+    if not self.config.train.skip_empty_updates:
+      return update((grads, opt_state, params))
+    return jax.lax.cond(live, update, skip, (grads, opt_state, params))
+
   def _step(self, state, batch):
     for k in REQUIRED_BATCH_KEYS:
       if k not in batch:
@@ -264,8 +284,8 @@ class TrainStep:
       mini = self.add_weights(mini)
       (loss, aux), grads = self.loss_and_grads(params, mini)
       grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
-      updates, opt_state = self.optimizer.update(grads, opt_state, params)
-      params = optax.apply_updates(params, updates)
+      params, opt_state, updates = self._apply(grads, opt_state, params,
+                                               mini["loss_mask"].sum() > 0)
       aux = dict(aux, **{"loss/total": loss, "optim/grad_norm": optax.global_norm(grads),
                          "optim/update_norm": optax.global_norm(updates),
                          "tokens/loss_tokens": mini["loss_mask"].sum()})

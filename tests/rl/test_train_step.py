@@ -172,6 +172,31 @@ def test_step_learns_on_fixed_batch(base_state_and_batch):
   assert int(state["step"]) == 5
 
 
+@pytest.mark.parametrize("skip", [True, False])
+def test_step_without_signal_leaves_params_and_optimizer_state_alone(base_state_and_batch, skip):
+  """A batch whose groups all have equal rewards (all filtered) after a learning step: with
+  train.skip_empty_updates the params and AdamW state stay as they were; without it AdamW's
+  momentum still moves the params (what the skip prevents)."""
+  host_state, batch = base_state_and_batch
+  step = _step("single", **{"train.skip_empty_updates": skip})
+  state, _ = step(_put_state(step, host_state), step.shard_batch(batch))
+  before = jax.device_get({"params": state["params"], "opt_state": state["opt_state"]})
+  empty = dict(batch, rewards=np.ones_like(batch["rewards"]))
+  state, m = step(state, step.shard_batch(empty))
+  after = jax.device_get({"params": state["params"], "opt_state": state["opt_state"]})
+  assert int(state["step"]) == 2
+  assert float(m["tokens/loss_tokens"]) == 0.0
+  moved = max(float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).max())
+              for a, b in zip(jax.tree.leaves(after["params"]), jax.tree.leaves(before["params"])))
+  if skip:
+    assert moved == 0.0
+    assert float(m["optim/update_norm"]) == 0.0
+    for a, b in zip(jax.tree.leaves(after["opt_state"]), jax.tree.leaves(before["opt_state"])):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  else:
+    assert moved > 1e-5
+
+
 def test_kill_and_restore_reproduces_next_step(base_state_and_batch, tmp_path):
   host_state, batch = base_state_and_batch
   step = _step("single")
