@@ -34,9 +34,9 @@ def grow(src: str, dst: str, copy_layer: int = -1) -> dict:
   text = config.get("text_config", config)
   n = int(text["num_hidden_layers"])
   layer_types = list(text["layer_types"])
-  copy_layer = copy_layer % n if -n <= copy_layer < n else None
-  if copy_layer is None:
+  if not -n <= copy_layer < n:
     raise ValueError(f"--copy_layer must name one of the {n} layers of {src}")
+  copy_layer %= n
   files = sorted(glob.glob(os.path.join(src, "*.safetensors")))
   if not files:
     raise FileNotFoundError(f"no *.safetensors in {src}")
