@@ -255,7 +255,8 @@ class TrainStep:
 
     Without a sampled token left (every group filtered or masked) the gradient is zero, but AdamW
     would still move every weight along its momentum, decay them, and count the step in its bias
-    correction: a policy change backed by no sample of this batch.
+    correction: a policy change backed by no sample of this batch. With the MoE balance loss on,
+    such a mini-batch's balance-loss gradient is dropped with it.
     """
     def update(args):
       g, o, p = args
