@@ -21,14 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-
-def _parse_value(v: str):
-  for cast in (int, float):
-    try:
-      return cast(v)
-    except ValueError:
-      pass
-  return {"true": True, "false": False}.get(v.lower(), v)
+import bench_overrides as overrides  # noqa: E402  (a sibling: benchmarks/ is sys.path[0])
 
 
 def load_config(args):
@@ -38,13 +31,7 @@ def load_config(args):
   spec.loader.exec_module(mod)
   c = mod.get_config()
   c.unlock()
-  for kv in args.set:
-    key, value = kv.split("=", 1)
-    node = c
-    *path, last = key.split(".")
-    for p in path:
-      node = node[p]
-    node[last] = _parse_value(value)
+  overrides.apply(c, args.set)
   c.model.dtype = args.dtype
   c.model.param_dtype = args.dtype
   return c

@@ -1,0 +1,118 @@
+"""Wall time of `make run`'s held-out eval under two rollout settings, side by side.
+
+    python benchmarks/eval_speed.py                       # prefill buckets: the config's vs --b
+    python benchmarks/eval_speed.py --max_tasks=48 --b=1024,1536,2304
+    python benchmarks/eval_speed.py --b= --set_b=harness.num_workers=8   # same buckets, 8 workers
+
+A prompt is padded up to the smallest prefill bucket that holds it, so the bucket set decides
+how many pad tokens each prefill computes. For each arm: a fresh server (engine + gRPC) on the
+same weights (config.train.init_from), its warmup (one prefill + insert compile per bucket)
+timed, then the held-out eval of `make run` (same tasks, seeds and temperature) through a fresh
+agent pool, timed. Prints, per arm, how the prompt lengths it prefilled (each assistant turn's,
+from the returned trajectories) fall into its buckets, the episode time by phase summed over
+episodes, and pass@1: buckets only pad, so the arms agree up to float reductions over padded
+shapes. Asserts nothing.
+"""
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+import bench_overrides as config_overrides  # noqa: E402  (a sibling: benchmarks/ is sys.path[0])
+
+
+def _buckets(text: str) -> tuple:
+  return tuple(int(b) for b in text.split(",") if b)
+
+
+def prefill_lengths(results, fmt) -> list:
+  """The length of every prompt the policy was handed: the ids before each assistant turn."""
+  marker = fmt.tok.encode("<|im_start|>assistant")
+  out = []
+  for r in results:
+    ids = list(r.tokens)
+    for i in range(len(ids) - len(marker) + 1):
+      if ids[i:i + len(marker)] == marker:
+        out.append(i + len(marker) + 1)   # + the newline the template puts after the role
+  return out
+
+
+def run_arm(config, params, buckets, overrides, tasks, fmt):
+  from envs.harness.pool import AgentPool
+  from rl import loop
+  from rl.rollout.client import jetstream_policy_factory
+  from rl.rollout.serve import build_server
+  cfg = config.copy_and_resolve_references()
+  with cfg.unlocked():
+    cfg.rollout.prefill_buckets = buckets
+    config_overrides.apply(cfg, overrides)
+  t0 = time.monotonic()
+  server = build_server(cfg, params=params, port=0, warmup=True)
+  t_warm = time.monotonic() - t0
+  with cfg.unlocked():
+    cfg.rollout.address = server.address
+  try:
+    with AgentPool.from_config(cfg, jetstream_policy_factory(cfg)) as pool:
+      eps = loop.make_episodes(tasks, cfg, cfg.loop.eval_samples, seed_offset=7919,
+                               temperature=loop._eval_temperature(cfg))
+      t0 = time.monotonic()
+      results = loop.run_pool(pool, eps, cfg, f"eval, buckets {buckets}")
+      t_eval = time.monotonic() - t0
+    engine_buckets = server.engine.buckets
+  finally:
+    server.stop()
+  s = loop.summarize_eval(results, tasks, cfg.loop.bootstrap, cfg.seed)
+  lens = np.array(prefill_lengths(results, fmt))
+  use = {b: int(np.sum((lens <= b) & (lens > lo))) for lo, b in
+         zip((0,) + engine_buckets[:-1], engine_buckets)}
+  timing = {k: float(np.sum([r.timing.get(k, 0.0) for r in results])) for k in
+            sorted({k for r in results for k in r.timing})}
+  pad = float(np.mean([min(b for b in engine_buckets if b >= n) - n for n in lens])) if len(lens) else 0.0
+  return {"buckets": engine_buckets, "warmup_s": t_warm, "eval_s": t_eval, "pass_at_1": s["pass_at_1"],
+          "ci": s["pass_at_1_ci95"], "prefills": len(lens), "per_bucket": use, "mean_pad": pad,
+          "timing": timing}
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--a", default="", help="bucket set A (comma-separated); default: the config's")
+  ap.add_argument("--b", default="1024,1280,1536,2048,2304", help="bucket set B; empty = A's")
+  ap.add_argument("--set_b", action="append", default=[], help="key=value config override for arm B")
+  ap.add_argument("--max_tasks", type=int, default=0, help="first N held-out tasks; 0 = all")
+  args = ap.parse_args()
+
+  from configs import tiny_cpu
+  from envs import worlds
+  from envs.chat import ChatFormat, load_tokenizer
+  from rl import loop
+  loop._quiet_logs()
+  config = tiny_cpu.get_config()
+  worlds.ensure_worlds(config.envs)
+  params = loop.init_params(config)
+  tasks = loop.select_tasks(config, "eval", config.loop.eval_levels, args.max_tasks)
+  fmt = ChatFormat(load_tokenizer(config.tokenizer.path, config.tokenizer.special_ids),
+                   config.tokenizer.thinking)
+  a = _buckets(args.a) or tuple(config.rollout.prefill_buckets)
+  out = [run_arm(config, params, a, [], tasks, fmt),
+         run_arm(config, params, _buckets(args.b) or a, args.set_b, tasks, fmt)]
+  print(f"\n{len(tasks)} held-out tasks, temperature {loop._eval_temperature(config)}, "
+        f"{config.rollout.slots} slots, {config.harness.num_workers} agent workers")
+  for name, r in zip("AB", out):
+    lo, hi = r["ci"]
+    extra = f" ({', '.join(args.set_b)})" if name == "B" and args.set_b else ""
+    print(f"{name}{extra} buckets {r['buckets']}: warmup {r['warmup_s']:.1f} s, eval {r['eval_s']:.1f} s, "
+          f"pass@1 {r['pass_at_1']:.3f} [{lo:.3f}, {hi:.3f}]; {r['prefills']} prefills, per "
+          f"bucket {r['per_bucket']}, mean pad {r['mean_pad']:.0f} tokens")
+    print("  episode time summed over episodes (s): " +
+          ", ".join(f"{k} {v:.0f}" for k, v in r["timing"].items()))
+  a, b = out
+  print(f"eval time B / A: {b['eval_s'] / a['eval_s']:.3f}; warmup + eval B / A: "
+        f"{(b['warmup_s'] + b['eval_s']) / (a['warmup_s'] + a['eval_s']):.3f}")
+
+
+if __name__ == "__main__":
+  main()
