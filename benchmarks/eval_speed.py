@@ -1,8 +1,8 @@
 """Wall time of `make run`'s held-out eval under two rollout settings, side by side.
 
-    python benchmarks/eval_speed.py                       # prefill buckets: the config's vs --b
+    python benchmarks/eval_speed.py                       # prefill buckets (1024, 2304) vs the config's
     python benchmarks/eval_speed.py --max_tasks=48 --b=1024,1536,2304
-    python benchmarks/eval_speed.py --b= --set_b=harness.num_workers=8   # same buckets, 8 workers
+    python benchmarks/eval_speed.py --a= --set_b=harness.num_workers=8   # the config's buckets, 4 vs 8 workers
 
 A prompt is padded up to the smallest prefill bucket that holds it, so the bucket set decides
 how many pad tokens each prefill computes. For each arm: a fresh server (engine + gRPC) on the
@@ -79,8 +79,8 @@ def run_arm(config, params, buckets, overrides, tasks, fmt):
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--a", default="", help="bucket set A (comma-separated); default: the config's")
-  ap.add_argument("--b", default="1024,1280,1536,2048,2304", help="bucket set B; empty = A's")
+  ap.add_argument("--a", default="1024,2304", help="bucket set A (comma-separated); empty = the config's")
+  ap.add_argument("--b", default="", help="bucket set B; empty = the config's")
   ap.add_argument("--set_b", action="append", default=[], help="key=value config override for arm B")
   ap.add_argument("--max_tasks", type=int, default=0, help="first N held-out tasks; 0 = all")
   args = ap.parse_args()
@@ -96,9 +96,9 @@ def main():
   tasks = loop.select_tasks(config, "eval", config.loop.eval_levels, args.max_tasks)
   fmt = ChatFormat(load_tokenizer(config.tokenizer.path, config.tokenizer.special_ids),
                    config.tokenizer.thinking)
-  a = _buckets(args.a) or tuple(config.rollout.prefill_buckets)
-  out = [run_arm(config, params, a, [], tasks, fmt),
-         run_arm(config, params, _buckets(args.b) or a, args.set_b, tasks, fmt)]
+  own = tuple(config.rollout.prefill_buckets)
+  out = [run_arm(config, params, _buckets(args.a) or own, [], tasks, fmt),
+         run_arm(config, params, _buckets(args.b) or own, args.set_b, tasks, fmt)]
   print(f"\n{len(tasks)} held-out tasks, temperature {loop._eval_temperature(config)}, "
         f"{config.rollout.slots} slots, {config.harness.num_workers} agent workers")
   for name, r in zip("AB", out):

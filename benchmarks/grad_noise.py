@@ -75,7 +75,6 @@ def noise_scale(g: np.ndarray, splits: int = 200, resamples: int = 2000, seed: i
 def per_group_grads(step_fn, params, batch) -> tuple[np.ndarray, list]:
   """[n_live, params] float64 gradients of the step's loss, one informative group each."""
   import jax
-  import jax.numpy as jnp
   from models import sharding as shd
   with shd.use_mesh(step_fn.mesh, step_fn.rules):
     prepared, _ = jax.jit(step_fn.prepare)(params, batch)
@@ -91,7 +90,6 @@ def per_group_grads(step_fn, params, batch) -> tuple[np.ndarray, list]:
       grads = grad_fn(params, sub)
       out.append(np.concatenate([np.asarray(x, np.float64).ravel()
                                  for x in jax.tree.leaves(grads)]))
-  del jnp
   return np.stack(out), groups
 
 
