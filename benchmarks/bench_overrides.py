@@ -20,4 +20,7 @@ def apply(config, pairs) -> None:
       node = node[part]
     if leaf not in node:
       raise KeyError(f"no config key {key!r}")
-    node[leaf] = parse_value(value)
+    if isinstance(node[leaf], tuple):   # `a.b=x,y`: a tuple field takes a comma-separated list
+      node[leaf] = tuple(parse_value(v) for v in value.split(",") if v)
+    else:
+      node[leaf] = parse_value(value)

@@ -75,6 +75,7 @@ def noise_scale(g: np.ndarray, splits: int = 200, resamples: int = 2000, seed: i
 def per_group_grads(step_fn, params, batch) -> tuple[np.ndarray, list]:
   """[n_live, params] float64 gradients of the step's loss, one informative group each."""
   import jax
+  from jax.flatten_util import ravel_pytree
   from models import sharding as shd
   with shd.use_mesh(step_fn.mesh, step_fn.rules):
     prepared, _ = jax.jit(step_fn.prepare)(params, batch)
@@ -88,8 +89,7 @@ def per_group_grads(step_fn, params, batch) -> tuple[np.ndarray, list]:
       rows = np.where(gids == gid)[0]
       sub = {k: v[rows] for k, v in mini.items()}
       grads = grad_fn(params, sub)
-      out.append(np.concatenate([np.asarray(x, np.float64).ravel()
-                                 for x in jax.tree.leaves(grads)]))
+      out.append(np.asarray(ravel_pytree(grads)[0], np.float64))
   return np.stack(out), groups
 
 
@@ -114,10 +114,7 @@ def main():
   loop._quiet_logs()
   config = tiny_cpu.get_config()
   config.unlock()
-  families = [kv for kv in args.set if kv.startswith("loop.families=")]
-  bench_overrides.apply(config, [kv for kv in args.set if kv not in families])
-  if families:
-    config.loop.families = tuple(f for f in families[0].split("=", 1)[1].split(",") if f)
+  bench_overrides.apply(config, args.set)
   config.train.prompts_per_step = args.prompts
   config.train.micro_batches = 1
   worlds.ensure_worlds(config.envs)
@@ -144,16 +141,13 @@ def main():
   finally:
     server.stop()
   t_roll = time.monotonic() - t0
-  batch, m = loop.rl_batch(results, cfg)
+  batch, _ = loop.rl_batch(results, cfg)
   step_fn = TrainStep(cfg, shd.make_mesh(cfg.mesh))
   t0 = time.monotonic()
   g, groups = per_group_grads(step_fn, params, batch)
   t_grad = time.monotonic() - t0
-  fam = {}
-  for r in results:
-    if r.group_id in groups and r.sample_index == 0:
-      f = picked[r.group_id].family
-      fam[f] = fam.get(f, 0) + 1
+  families = [picked[gid].family for gid in groups]
+  fam = {f: families.count(f) for f in dict.fromkeys(families)}
   rewards = np.array([r.reward for r in results])
   drawn = f" from {args.task_pool} tasks" if args.task_pool else ""
   print(f"\n{args.prompts} train prompts{drawn} x {cfg.train.samples_per_prompt} samples at temperature "
@@ -165,7 +159,7 @@ def main():
     return
   r = noise_scale(g)
   if args.save:
-    np.savez(args.save, gram=g @ g.T, families=[picked[i].family for i in groups])
+    np.savez(args.save, gram=g @ g.T, families=families)
   per_prompt = len(groups) / args.prompts
   b = r["b_noise"]
   print(f"per-group gradient: trace of covariance {r['trace_cov']:.4g}, |expected gradient|^2 "
