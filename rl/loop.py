@@ -491,18 +491,36 @@ def save_params(directory: str, params, meta: dict, step: int = 0) -> None:
   ck.close()
 
 
-def load_params(directory: str, config):
-  """The params saved by `save_params`, or None when there are none."""
+def load_params(directory: str, config, shardings=None):
+  """The params saved by `save_params`, or None when there are none.
+
+  `shardings` (a Sharding per param, e.g. the train step's) places them on this run's devices;
+  without it every param goes to the first device. A target with shardings is what lets a
+  checkpoint written on other devices (a CPU run's SFT read on a GPU, another mesh) restore:
+  orbax refuses a shardless target when the saved topology differs. A directory holding saves
+  of which none restores is an error, not "no params": training anew would then fail to save
+  over them, after spending the SFT.
+  """
   import jax
   from rl.checkpoint import Checkpointer
   if not os.path.isdir(directory):
     return None
   from models import qwen3_5
   cfg = qwen3_5.config_from_dict(config.model)
-  like = jax.eval_shape(lambda: {"params": qwen3_5.init_params(cfg, jax.random.key(0))})
+  shapes = jax.eval_shape(lambda: qwen3_5.init_params(cfg, jax.random.key(0)))
+  if shardings is None:
+    shardings = jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]),
+                             shapes)
+  like = {"params": jax.tree.map(
+      lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)}
   ck = Checkpointer(directory, save_every=1, keep=1, async_save=False)
   try:
     out = ck.restore_latest(like)
+    if out is None and ck.skipped:
+      step, err = ck.skipped[0]
+      raise ValueError(f"{directory} holds saved params (step {step}) that do not restore "
+                       f"into config.model: {err.splitlines()[0][:300]}. Move the directory "
+                       f"away (or set config.sft.dir) to train anew.")
   finally:
     ck.close()
   return None if out is None else out[1]["params"]
@@ -718,7 +736,7 @@ def run_rl(config, flags=None) -> dict:
     start_step = 0
     params = None
     if config.loop.sft_first and config.sft.steps:
-      params = load_params(sft_dir(config), config)
+      params = load_params(sft_dir(config), config, step_fn.state_shardings["params"])
       if params is None:
         params = run_sft(config, metrics)
       else:

@@ -305,6 +305,59 @@ def test_save_params_keeps_the_newest_save_and_load_params_returns_it(tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+_SAVE_ON_16_DEVICES = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import jax
+from configs import tiny_cpu
+from rl import loop
+c = tiny_cpu.get_config()
+with c.unlocked():
+  c.train.init_from = ""
+params = jax.tree.map(lambda x: x + 1.0, loop.init_params(c))
+mesh = jax.sharding.Mesh(jax.devices(), ("d",))
+on_all = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+loop.save_params(sys.argv[2], jax.device_put(params, on_all), {"steps": 4}, 4)
+"""
+
+
+def test_load_params_restores_params_saved_on_another_topology(tmp_path):
+  # A CPU run's SFT params read by a GPU run (or another mesh): orbax refuses a target without
+  # shardings when the saved topology differs, which once sent such a run back to SFT.
+  import subprocess
+  import jax
+  d = str(tmp_path / "sft")
+  # Saved on more devices than this process has (orbax accepts a shardless target only when
+  # the saved topology fits the present one).
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=16",
+             JAX_PLATFORMS="cpu")
+  subprocess.run([sys.executable, "-c", _SAVE_ON_16_DEVICES, ROOT, d], env=env, check=True,
+                 capture_output=True, timeout=300)
+  c = tiny_cpu.get_config()
+  with c.unlocked():
+    c.train.init_from = ""
+  got = loop.load_params(d, c)
+  want = jax.tree.map(lambda x: x + 1.0, loop.init_params(c))
+  assert jax.device_count() < 16 and got is not None
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_load_params_names_saved_params_that_do_not_restore(tmp_path):
+  c = tiny_cpu.get_config()
+  with c.unlocked():
+    c.train.init_from = ""
+  d = str(tmp_path / "sft")
+  loop.save_params(d, loop.init_params(c), {"steps": 4}, 4)
+  for root, _, files in os.walk(os.path.join(d, "4", "state")):
+    for f in files:
+      os.remove(os.path.join(root, f))
+  with pytest.raises(ValueError, match=r"holds saved params \(step 4\) that do not restore"):
+    loop.load_params(d, c)
+  assert os.path.isdir(os.path.join(d, "4"))   # nothing saved is removed
+
+
 def test_tiny_config_eval_subset_has_at_least_160_held_out_tasks():
   c = tiny_cpu.get_config()
   ev = loop.select_tasks(c, "eval", c.loop.eval_levels, c.loop.eval_max_tasks)
