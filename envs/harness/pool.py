@@ -100,6 +100,21 @@ def _take(pending: list, key, held: frozenset = frozenset()) -> tuple[int, Episo
   return pending.pop(0)
 
 
+def world_start_slots(setting: int) -> int:
+  """Worlds that may start at once: `setting` if >= 0 (0 = no limit), else two per usable CPU
+  core. A start is ~0.25 s of CPU, so the gate caps rollouts at about slots / 0.25 s episodes a
+  second: a fixed 4 suits a 2-core host (more only pushes starts past their timeout) but held a
+  16-core GPU host to ~16 episodes a second, its episodes waiting 1.1-2.0 s for a slot against
+  0.2-0.3 s of model time."""
+  if setting >= 0:
+    return int(setting)
+  try:
+    cores = len(os.sched_getaffinity(0))
+  except AttributeError:  # not on Linux
+    cores = os.cpu_count() or 1
+  return 2 * cores
+
+
 class AgentPool:
   """A fixed number of agent-loop processes.
 
@@ -113,7 +128,8 @@ class AgentPool:
       process from a clean server that has already imported `preload`, so a new process
       costs milliseconds and shares those pages; "spawn" imports everything in every
       process. Both are safe with threads in the parent (JAX, gRPC), where "fork" is not.
-    max_world_starts: worlds starting at once across the pool; 0 = no limit.
+    max_world_starts: worlds starting at once across the pool; 0 = no limit; < 0 = two per
+      CPU core this process may use (`world_start_slots`).
     preload: modules the fork server imports once (forkserver only; effective when the fork
       server first starts in this process).
   """
@@ -127,6 +143,7 @@ class AgentPool:
     self._ctx = mp.get_context(start_method)
     if start_method == "forkserver":
       self._ctx.set_forkserver_preload(["envs.harness.pool", *preload])
+    max_world_starts = world_start_slots(max_world_starts)
     gate = self._ctx.BoundedSemaphore(max_world_starts) if max_world_starts > 0 else None
     self._args = (fmt_spec, policy_factory, settings, gate)
     self._settings = settings

@@ -1,5 +1,7 @@
 """How the agent pool hands episodes to workers: warm worlds first, then worlds nobody holds."""
-from envs.harness.pool import _take
+import os
+
+from envs.harness.pool import _take, world_start_slots
 from envs.harness.world import Episode
 
 
@@ -44,3 +46,16 @@ def test_groups_of_one_world_cost_one_world_start_each():
       starts += ep.meta["world_id"] != worlds[w]
       worlds[w] = busy[w] = ep.meta["world_id"]
   assert starts == 4
+
+
+def test_world_start_slots_default_scales_with_usable_cores_and_explicit_values_stand():
+  assert world_start_slots(-1) == 2 * len(os.sched_getaffinity(0))
+  assert world_start_slots(3) == 3
+  assert world_start_slots(0) == 0   # no limit
+
+
+def test_base_config_world_start_gate_is_four_on_a_two_core_host():
+  from configs import base
+  assert base.get_config().harness.max_world_starts == -1
+  if len(os.sched_getaffinity(0)) == 2:
+    assert world_start_slots(base.get_config().harness.max_world_starts) == 4
