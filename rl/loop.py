@@ -144,6 +144,16 @@ def bootstrap_ci(per_task: np.ndarray, resamples: int, seed: int = 0, level: flo
   return [float(np.quantile(means, a)), float(np.quantile(means, 1.0 - a))]
 
 
+def paired_bootstrap_delta(before: dict, after: dict, resamples: int, seed: int = 0,
+                           level: float = 0.95):
+  """Percentile bootstrap interval of mean(after - before) over the tasks both hold (task id ->
+  pass rate). Both evals see the same tasks, and a task's outcome before predicts its outcome
+  after (most tasks fail both or pass both), so resampling tasks as pairs gives the change a
+  much narrower interval than the two separate intervals do."""
+  ids = sorted(set(before) & set(after))
+  return bootstrap_ci(np.array([after[i] - before[i] for i in ids]), resamples, seed, level)
+
+
 def summarize_eval(results, tasks, resamples: int, seed: int = 0) -> dict:
   """pass@1 and mean reward over tasks (samples of a task averaged first), with 95% CIs."""
   by_task: dict[str, list] = {t.id: [] for t in tasks}
@@ -168,7 +178,10 @@ def summarize_eval(results, tasks, resamples: int, seed: int = 0) -> dict:
           "pass_at_1_ci95": bootstrap_ci(passed, resamples, seed),
           "mean_reward": float(reward.mean()) if len(rows) else 0.0,
           "mean_reward_ci95": bootstrap_ci(reward, resamples, seed + 1),
-          "outcomes": outcomes, "by_family": by_family}
+          "outcomes": outcomes, "by_family": by_family,
+          # For the paired interval of a before/after change (paired_bootstrap_delta).
+          "per_task_pass": {tid: float(np.mean([r.passed for r in v]))
+                            for tid, v in by_task.items() if v}}
 
 
 # ----------------------------------------------------------------------------- logging
@@ -807,7 +820,9 @@ def run_rl(config, flags=None) -> dict:
   print(_fmt_eval(_before_label(config), out["before_rl"]), flush=True)
   print(_fmt_eval("after RL", out["after_rl"]), flush=True)
   print(_fmt_families(out["before_rl"], out["after_rl"]), flush=True)
-  print(f"RL raised pass@1 by {out['delta_pass_at_1']:+.3f}; outside both intervals: "
+  paired = out.get("delta_pass_at_1_ci95")
+  paired = f" (paired 95% CI {paired[0]:+.3f}, {paired[1]:+.3f})" if paired else ""
+  print(f"RL raised pass@1 by {out['delta_pass_at_1']:+.3f}{paired}; outside both intervals: "
         f"{out['improved_outside_cis']}; summary in {summary_path}", flush=True)
   return out
 
@@ -849,6 +864,9 @@ def _finish(summary: dict, config, eval_tasks) -> dict:
     # interval, and the before-RL figure below the after-RL interval.
     out["improved_outside_cis"] = bool(a["pass_at_1"] > b["pass_at_1_ci95"][1]
                                        and b["pass_at_1"] < a["pass_at_1_ci95"][0])
+    if "per_task_pass" in b and "per_task_pass" in a:
+      out["delta_pass_at_1_ci95"] = paired_bootstrap_delta(
+          b["per_task_pass"], a["per_task_pass"], int(config.loop.bootstrap), int(config.seed))
   return out
 
 

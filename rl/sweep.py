@@ -67,10 +67,16 @@ def job_commands(config, jobs: list, argv: list) -> list:
   return out
 
 
+def _delta(s: dict) -> str:
+  d = s["after_rl"]["pass_at_1"] - s["before_rl"]["pass_at_1"]
+  ci = s.get("delta_pass_at_1_ci95")
+  return f"{d:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "")
+
+
 def table(config, cmds: list) -> str:
   """Markdown table of the jobs' summaries (missing ones marked)."""
   keys = sorted({k for _, job, _ in cmds for k in job if k != "name"})
-  head = ["run"] + keys + ["pass@1 before", "pass@1 after (95% CI)", "delta",
+  head = ["run"] + keys + ["pass@1 before", "pass@1 after (95% CI)", "delta (paired 95% CI)",
                            "reward before", "reward after"]
   rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for name, job, _ in cmds:
@@ -82,7 +88,7 @@ def table(config, cmds: list) -> str:
       b, a = s["before_rl"], s["after_rl"]
       cells += [f"{b['pass_at_1']:.3f}",
                 f"{a['pass_at_1']:.3f} [{a['pass_at_1_ci95'][0]:.3f}, {a['pass_at_1_ci95'][1]:.3f}]",
-                f"{a['pass_at_1'] - b['pass_at_1']:+.3f}", f"{b['mean_reward']:.3f}",
+                _delta(s), f"{b['mean_reward']:.3f}",
                 f"{a['mean_reward']:.3f}"]
     except (OSError, KeyError, ValueError):
       cells += ["(no summary)"] + [""] * 4

@@ -49,6 +49,7 @@ def test_summarize_eval_averages_samples_within_a_task_first():
   assert s["pass_at_1_ci95"][0] <= 0.75 <= s["pass_at_1_ci95"][1]
   assert s["outcomes"] == {"ok": 4}
   assert s["by_family"] == {"xlsx_lookup": {"n_tasks": 2, "pass_at_1": 0.75}}
+  assert s["per_task_pass"] == {"a": 0.5, "b": 1.0}
 
 
 def test_summarize_eval_breaks_pass_at_1_down_by_family():
@@ -418,6 +419,12 @@ def test_sweep_table_reads_summaries(tmp_path):
   t = sweep.table(c, cmds)
   assert "| tiny_cpu-tm | token_mean | 0.200 | 0.400 [0.100, 0.300] | +0.200 |" in t
   assert "tiny_cpu-pm" in t and "(no summary)" in t
+  run = tmp_path / "tiny_cpu-pm"
+  run.mkdir()
+  (run / "summary.json").write_text(json.dumps({"before_rl": s, "after_rl": s,
+                                                "delta_pass_at_1_ci95": [-0.05, 0.05]}))
+  assert "| tiny_cpu-pm | prompt_mean | 0.200 | 0.200 [0.100, 0.300] | +0.000 [-0.050, +0.050] |" \
+      in sweep.table(c, cmds)
 
 
 def test_launch_sweep_dry_run_prints_the_jobs():
@@ -439,6 +446,28 @@ def test_summary_format_and_improvement_rule():
   assert out["eval_subset"]["n_tasks"] == 2 and out["eval_subset"]["task_ids"] == ["a", "b"]
   out = loop._finish({"before_rl": b, "after_rl": dict(b, pass_at_1=0.35, pass_at_1_ci95=[0.15, 0.5])}, c, ev)
   assert not out["improved_outside_cis"]  # 0.2 lies inside the after-RL interval
+
+
+def test_paired_delta_interval_sees_a_gain_the_separate_intervals_cannot():
+  # 168 tasks; 24 pass before, the same 24 and 6 more after: the separate 95% intervals
+  # overlap (no "outside both"), but each task pairs with itself and the change is all gain.
+  c = tiny_cpu.get_config()
+  ev = [_T(f"t{i}") for i in range(168)]
+  before = [_R(t.id, i < 24, float(i < 24)) for i, t in enumerate(ev)]
+  after = [_R(t.id, i < 30, float(i < 30)) for i, t in enumerate(ev)]
+  b = loop.summarize_eval(before, ev, 2000)
+  a = loop.summarize_eval(after, ev, 2000)
+  out = loop._finish({"before_rl": b, "after_rl": a}, c, ev)
+  lo, hi = out["delta_pass_at_1_ci95"]
+  assert not out["improved_outside_cis"]
+  assert out["delta_pass_at_1"] == pytest.approx(6 / 168)
+  assert 0.0 < lo <= out["delta_pass_at_1"] <= hi
+  assert hi - lo < 0.6 * (b["pass_at_1_ci95"][1] - b["pass_at_1_ci95"][0])
+  # Outcomes that only trade places (as many lost as gained) give an interval around zero.
+  swapped = [_R(t.id, 6 <= i < 30, float(6 <= i < 30)) for i, t in enumerate(ev)]
+  lo, hi = loop._finish({"before_rl": b, "after_rl": loop.summarize_eval(swapped, ev, 2000)},
+                        c, ev)["delta_pass_at_1_ci95"]
+  assert lo < 0.0 < hi
 
 
 def test_eval_temperature_defaults_to_the_training_temperature_and_is_recorded():
