@@ -508,7 +508,7 @@ def load_params(directory: str, config, shardings=None):
   """The params saved by `save_params`, or None when there are none.
 
   `shardings` (a Sharding per param, e.g. the train step's) places them on this run's devices;
-  without it every param goes to the first device. A target with shardings is what lets a
+  without it every param goes to this process's first device. A target with shardings is what lets a
   checkpoint written on other devices (a CPU run's SFT read on a GPU, another mesh) restore:
   orbax refuses a shardless target when the saved topology differs. A directory holding saves
   of which none restores is an error, not "no params": training anew would then fail to save
@@ -522,7 +522,7 @@ def load_params(directory: str, config, shardings=None):
   cfg = qwen3_5.config_from_dict(config.model)
   shapes = jax.eval_shape(lambda: qwen3_5.init_params(cfg, jax.random.key(0)))
   if shardings is None:
-    shardings = jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]),
+    shardings = jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.local_devices()[0]),
                              shapes)
   like = {"params": jax.tree.map(
       lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)}
