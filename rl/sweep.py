@@ -74,12 +74,18 @@ def _delta(s: dict) -> str:
 
 
 def table(config, cmds: list) -> str:
-  """Markdown table of the jobs' summaries (missing ones marked)."""
+  """Markdown table of the jobs' summaries (missing ones marked).
+
+  The last column compares each job's after-RL pass@1 with the first job's on the same
+  held-out tasks, as a paired bootstrap over tasks: the ablation's own readout."""
+  from rl.loop import paired_bootstrap_delta
   keys = sorted({k for _, job, _ in cmds for k in job if k != "name"})
+  first = cmds[0][0] if cmds else ""
   head = ["run"] + keys + ["pass@1 before", "pass@1 after (95% CI)", "delta (paired 95% CI)",
-                           "reward before", "reward after"]
+                           "reward before", "reward after", f"after vs {first} (paired 95% CI)"]
   rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-  for name, job, _ in cmds:
+  ref = None
+  for i, (name, job, _) in enumerate(cmds):
     path = os.path.join(config.workdir, name, "summary.json")
     cells = [name] + [str(job.get(k, "")) for k in keys]
     try:
@@ -90,8 +96,17 @@ def table(config, cmds: list) -> str:
                 f"{a['pass_at_1']:.3f} [{a['pass_at_1_ci95'][0]:.3f}, {a['pass_at_1_ci95'][1]:.3f}]",
                 _delta(s), f"{b['mean_reward']:.3f}",
                 f"{a['mean_reward']:.3f}"]
+      if i == 0:
+        ref = a
+        cells.append("-")
+      elif ref is not None and "per_task_pass" in a and "per_task_pass" in ref:
+        lo, hi = paired_bootstrap_delta(ref["per_task_pass"], a["per_task_pass"],
+                                        int(config.loop.bootstrap), int(config.seed))
+        cells.append(f"{a['pass_at_1'] - ref['pass_at_1']:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+      else:
+        cells.append("")
     except (OSError, KeyError, ValueError):
-      cells += ["(no summary)"] + [""] * 4
+      cells += ["(no summary)"] + [""] * 5
     rows.append("| " + " | ".join(cells) + " |")
   return "\n".join(rows) + "\n"
 

@@ -427,6 +427,30 @@ def test_sweep_table_reads_summaries(tmp_path):
       in sweep.table(c, cmds)
 
 
+def test_sweep_table_compares_each_arm_with_the_first_on_paired_tasks(tmp_path):
+  c = tiny_cpu.get_config()
+  with c.unlocked():
+    c.workdir = str(tmp_path)
+  jobs = [{"name": "tm", "rl.loss_reduction": "token_mean"},
+          {"name": "pm", "rl.loss_reduction": "prompt_mean"}]
+  cmds = sweep.job_commands(c, jobs, ["launch.py"])
+  ids = [f"t{i}" for i in range(100)]
+  for name, passing in (("tm", 20), ("pm", 30)):   # pm passes tm's 20 tasks and 10 more
+    per_task = {t: float(i < passing) for i, t in enumerate(ids)}
+    s = {"pass_at_1": passing / 100, "pass_at_1_ci95": [0.0, 1.0], "mean_reward": 0.0,
+         "per_task_pass": per_task}
+    (tmp_path / f"tiny_cpu-{name}").mkdir()
+    (tmp_path / f"tiny_cpu-{name}" / "summary.json").write_text(
+        json.dumps({"before_rl": s, "after_rl": s}))
+  t = sweep.table(c, cmds)
+  assert "after vs tiny_cpu-tm (paired 95% CI)" in t
+  row = [r for r in t.splitlines() if r.startswith("| tiny_cpu-pm ")][0]
+  cell = row.strip("| ").split(" | ")[-1]
+  assert cell.startswith("+0.100 [")
+  lo, hi = (float(x) for x in cell[len("+0.100 ["):-1].split(", "))
+  assert 0.0 < lo < 0.1 < hi
+
+
 def test_launch_sweep_dry_run_prints_the_jobs():
   import subprocess
   out = subprocess.run([sys.executable, os.path.join(ROOT, "launch.py"), "--mode=rl",
