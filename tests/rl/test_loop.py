@@ -506,6 +506,17 @@ def test_eval_temperature_defaults_to_the_training_temperature_and_is_recorded()
   assert loop._finish({}, c, [_T("a")])["eval_subset"]["temperature"] == 0.0
 
 
+def test_tiny_gpu_config_is_the_tiny_model_with_a_larger_batch_that_splits():
+  from configs import tiny_gpu
+  g, c = tiny_gpu.get_config(), tiny_cpu.get_config()
+  loop.check_batch_shape(g)
+  assert g.model.to_dict() == c.model.to_dict() and g.train.init_from == c.train.init_from
+  assert g.train.prompts_per_step * g.train.samples_per_prompt == 16 * (
+      c.train.prompts_per_step * c.train.samples_per_prompt)
+  with pytest.raises(ValueError, match="takes no argument"):
+    tiny_gpu.get_config("base")
+
+
 def test_batch_that_does_not_split_into_micro_batches_is_a_clear_error():
   c = tiny_cpu.get_config()
   loop.check_batch_shape(c)                       # the default splits
