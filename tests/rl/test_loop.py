@@ -405,13 +405,17 @@ def test_sweep_jobs_cover_both_arms_and_reject_unknown_keys(tmp_path):
     sweep.job_commands(c, [{"rl.los_reduction": "token_mean"}], ["launch.py"])
 
 
-def test_sweep_table_reads_summaries(tmp_path):
+def _token_vs_prompt_mean_sweep(tmp_path):
   c = tiny_cpu.get_config()
   with c.unlocked():
     c.workdir = str(tmp_path)
   jobs = [{"name": "tm", "rl.loss_reduction": "token_mean"},
           {"name": "pm", "rl.loss_reduction": "prompt_mean"}]
-  cmds = sweep.job_commands(c, jobs, ["launch.py"])
+  return c, sweep.job_commands(c, jobs, ["launch.py"])
+
+
+def test_sweep_table_reads_summaries(tmp_path):
+  c, cmds = _token_vs_prompt_mean_sweep(tmp_path)
   run = tmp_path / "tiny_cpu-tm"
   run.mkdir()
   s = {"pass_at_1": 0.2, "pass_at_1_ci95": [0.1, 0.3], "mean_reward": 0.2}
@@ -428,12 +432,7 @@ def test_sweep_table_reads_summaries(tmp_path):
 
 
 def test_sweep_table_compares_each_arm_with_the_first_on_paired_tasks(tmp_path):
-  c = tiny_cpu.get_config()
-  with c.unlocked():
-    c.workdir = str(tmp_path)
-  jobs = [{"name": "tm", "rl.loss_reduction": "token_mean"},
-          {"name": "pm", "rl.loss_reduction": "prompt_mean"}]
-  cmds = sweep.job_commands(c, jobs, ["launch.py"])
+  c, cmds = _token_vs_prompt_mean_sweep(tmp_path)
   ids = [f"t{i}" for i in range(100)]
   for name, passing in (("tm", 20), ("pm", 30)):   # pm passes tm's 20 tasks and 10 more
     per_task = {t: float(i < passing) for i, t in enumerate(ids)}
