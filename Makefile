@@ -2,8 +2,8 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-# --no-compile: byte-compiling every installed module (tensorflow comes in through JetStream's
-# seqio) took about half of a clean install; Python compiles what it imports on first use.
+# --no-compile: byte-compiling every installed module took about half of a clean install when
+# TensorFlow was among them (JetStream's seqio, now left out); Python compiles on first import.
 PIP := $(PY) -m pip install -q --no-compile --disable-pip-version-check
 # `make run` needs the runtime dependencies only; `make test` adds the test ones (torch and
 # transformers as the numerical reference, the notebook runner). Each stamp is rebuilt only
@@ -14,9 +14,10 @@ PYTEST_ARGS ?=
 
 .PHONY: setup run test test-all clean
 
-$(RUN_STAMP): requirements.txt requirements.lock
+$(RUN_STAMP): requirements.txt requirements-nodeps.txt requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) -r requirements.txt -c requirements.lock
+	$(PIP) --no-deps -r requirements-nodeps.txt -c requirements.lock
 	touch $(RUN_STAMP)
 
 $(TEST_STAMP): $(RUN_STAMP) requirements-test.txt
