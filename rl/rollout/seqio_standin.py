@@ -25,8 +25,13 @@ class _Unavailable:
 def install_if_missing() -> bool:
   """Registers `seqio` and `seqio.vocabularies` stand-ins when seqio is not importable.
   Returns whether it did."""
-  if "seqio" in sys.modules or importlib.util.find_spec("seqio") is not None:
+  if "seqio" in sys.modules:
     return False
+  try:
+    if importlib.util.find_spec("seqio") is not None:
+      return False
+  except ImportError:  # a finder that refuses seqio: treat it as absent
+    pass
   vocabularies = types.ModuleType("seqio.vocabularies")
   vocabularies.Vocabulary = type("Vocabulary", (_Unavailable,), {})
   vocabularies.SentencePieceVocabulary = type("SentencePieceVocabulary",
