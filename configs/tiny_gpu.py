@@ -3,8 +3,9 @@ its rollouts a GRPO step (64 prompts x 8 samples).
 
   python launch.py --config=configs/tiny_gpu.py --mode=rl
 
-Run on one H200 (16 CPU cores) with these settings (held-out evals every 3 steps then): SFT 43 s, each held-out eval of the 168
-tasks 51 s, GRPO steps 31-54 s for 512 episodes (README, "On one GPU"). The agent workers and
+Run on one H200 (16 CPU cores) with these settings (held-out evals every 3 steps then): SFT
+43 s, each held-out eval of the 168 tasks 51 s, GRPO steps 31-54 s for 512 episodes (README,
+"On one GPU"). The agent workers and
 the worlds run on the host's CPUs: 32 workers keep 64 decode slots busy on 16 cores. At ~20
 informative groups a step this is still far below the ~180 a step needs before its gradient
 is more signal than noise (benchmarks/grad_noise.py), so expect no clear held-out gain within

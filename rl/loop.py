@@ -159,18 +159,21 @@ def summarize_eval(results, tasks, resamples: int, seed: int = 0) -> dict:
   by_task: dict[str, list] = {t.id: [] for t in tasks}
   for r in results:
     by_task.setdefault(r.task_id, []).append(r)
-  rows = [v for v in by_task.values() if v]
-  passed = np.array([np.mean([r.passed for r in v]) for v in rows])
-  reward = np.array([np.mean([r.reward for r in v]) for v in rows])
+  rows = {tid: v for tid, v in by_task.items() if v}
+  # Pass rate per task: the eval's unit, kept for the paired interval of a before/after change
+  # (paired_bootstrap_delta) and broken down by family below.
+  per_task_pass = {tid: float(np.mean([r.passed for r in v])) for tid, v in rows.items()}
+  passed = np.array(list(per_task_pass.values()))
+  reward = np.array([np.mean([r.reward for r in v]) for v in rows.values()])
   outcomes: dict[str, int] = {}
   for r in results:
     outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
   # pass@1 per task family: where the policy fails (a lookup it cannot do, a call it garbles).
   family = {t.id: getattr(t, "family", "") for t in tasks}
   fam_rows: dict[str, list] = {}
-  for tid, v in by_task.items():
-    if v and family.get(tid):
-      fam_rows.setdefault(family[tid], []).append(np.mean([r.passed for r in v]))
+  for tid, p in per_task_pass.items():
+    if family.get(tid):
+      fam_rows.setdefault(family[tid], []).append(p)
   by_family = {f: {"n_tasks": len(v), "pass_at_1": float(np.mean(v))}
                for f, v in sorted(fam_rows.items())}
   return {"n_tasks": len(rows), "n_episodes": len(results),
@@ -178,10 +181,7 @@ def summarize_eval(results, tasks, resamples: int, seed: int = 0) -> dict:
           "pass_at_1_ci95": bootstrap_ci(passed, resamples, seed),
           "mean_reward": float(reward.mean()) if len(rows) else 0.0,
           "mean_reward_ci95": bootstrap_ci(reward, resamples, seed + 1),
-          "outcomes": outcomes, "by_family": by_family,
-          # For the paired interval of a before/after change (paired_bootstrap_delta).
-          "per_task_pass": {tid: float(np.mean([r.passed for r in v]))
-                            for tid, v in by_task.items() if v}}
+          "outcomes": outcomes, "by_family": by_family, "per_task_pass": per_task_pass}
 
 
 # ----------------------------------------------------------------------------- logging

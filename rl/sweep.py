@@ -67,9 +67,8 @@ def job_commands(config, jobs: list, argv: list) -> list:
   return out
 
 
-def _delta(s: dict) -> str:
-  d = s["after_rl"]["pass_at_1"] - s["before_rl"]["pass_at_1"]
-  ci = s.get("delta_pass_at_1_ci95")
+def _signed(d: float, ci=None) -> str:
+  """A change, with its interval when there is one: `+0.018 [-0.018, +0.060]`."""
   return f"{d:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "")
 
 
@@ -94,15 +93,16 @@ def table(config, cmds: list) -> str:
       b, a = s["before_rl"], s["after_rl"]
       cells += [f"{b['pass_at_1']:.3f}",
                 f"{a['pass_at_1']:.3f} [{a['pass_at_1_ci95'][0]:.3f}, {a['pass_at_1_ci95'][1]:.3f}]",
-                _delta(s), f"{b['mean_reward']:.3f}",
+                _signed(a["pass_at_1"] - b["pass_at_1"], s.get("delta_pass_at_1_ci95")),
+                f"{b['mean_reward']:.3f}",
                 f"{a['mean_reward']:.3f}"]
       if i == 0:
         ref = a
         cells.append("-")
       elif ref is not None and "per_task_pass" in a and "per_task_pass" in ref:
-        lo, hi = paired_bootstrap_delta(ref["per_task_pass"], a["per_task_pass"],
-                                        int(config.loop.bootstrap), int(config.seed))
-        cells.append(f"{a['pass_at_1'] - ref['pass_at_1']:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+        ci = paired_bootstrap_delta(ref["per_task_pass"], a["per_task_pass"],
+                                    int(config.loop.bootstrap), int(config.seed))
+        cells.append(_signed(a["pass_at_1"] - ref["pass_at_1"], ci))
       else:
         cells.append("")
     except (OSError, KeyError, ValueError):
