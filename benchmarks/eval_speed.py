@@ -3,6 +3,7 @@
     python benchmarks/eval_speed.py                       # prefill buckets (1024, 2304) vs the config's
     python benchmarks/eval_speed.py --max_tasks=48 --b=1024,1536,2304
     python benchmarks/eval_speed.py --a= --set_b=harness.num_workers=8   # the config's buckets, 4 vs 8 workers
+    python benchmarks/eval_speed.py --a= --set_a=rollout.prefix_cache=False  # shared-prefix cache off vs on
 
 A prompt is padded up to the smallest prefill bucket that holds it, so the bucket set decides
 how many pad tokens each prefill computes. For each arm: a fresh server (engine + gRPC) on the
@@ -41,7 +42,7 @@ def prefill_lengths(results, fmt) -> list:
   return out
 
 
-def run_arm(config, params, buckets, overrides, tasks, fmt):
+def run_arm(config, params, buckets, overrides, tasks, fmt, passes: int = 1):
   from envs.harness.pool import AgentPool
   from rl import loop
   from rl.rollout.client import jetstream_policy_factory
@@ -59,10 +60,14 @@ def run_arm(config, params, buckets, overrides, tasks, fmt):
     with AgentPool.from_config(cfg, jetstream_policy_factory(cfg)) as pool:
       eps = loop.make_episodes(tasks, cfg, cfg.loop.eval_samples, seed_offset=7919,
                                temperature=loop._eval_temperature(cfg))
-      t0 = time.monotonic()
-      results = loop.run_pool(pool, eps, cfg, f"eval, buckets {buckets}")
-      t_eval = time.monotonic() - t0
+      pass_s = []
+      for _ in range(passes):   # later passes: every shape compiled, as in make run's second eval
+        t0 = time.monotonic()
+        results = loop.run_pool(pool, eps, cfg, f"eval, buckets {buckets}")
+        pass_s.append(time.monotonic() - t0)
+      t_eval = pass_s[0]
     engine_buckets = server.engine.buckets
+    prefix_stats = server.engine.prefix_cache_stats()
   finally:
     server.stop()
   s = loop.summarize_eval(results, tasks, cfg.loop.bootstrap, cfg.seed)
@@ -72,17 +77,20 @@ def run_arm(config, params, buckets, overrides, tasks, fmt):
   timing = {k: float(np.sum([r.timing.get(k, 0.0) for r in results])) for k in
             sorted({k for r in results for k in r.timing})}
   pad = float(np.mean([min(b for b in engine_buckets if b >= n) - n for n in lens])) if len(lens) else 0.0
-  return {"buckets": engine_buckets, "warmup_s": t_warm, "eval_s": t_eval, "pass_at_1": s["pass_at_1"],
+  return {"buckets": engine_buckets, "warmup_s": t_warm, "eval_s": t_eval, "pass_s": pass_s, "pass_at_1": s["pass_at_1"],
           "ci": s["pass_at_1_ci95"], "prefills": len(lens), "per_bucket": use, "mean_pad": pad,
-          "timing": timing}
+          "timing": timing, "prefix_cache": prefix_stats}
 
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--a", default="1024,2304", help="bucket set A (comma-separated); empty = the config's")
   ap.add_argument("--b", default="", help="bucket set B; empty = the config's")
+  ap.add_argument("--set_a", action="append", default=[], help="key=value config override for arm A")
   ap.add_argument("--set_b", action="append", default=[], help="key=value config override for arm B")
   ap.add_argument("--max_tasks", type=int, default=0, help="first N held-out tasks; 0 = all")
+  ap.add_argument("--passes", type=int, default=1,
+                  help="evals per arm on one server (the first pays the lazy compiles)")
   args = ap.parse_args()
 
   from configs import tiny_cpu
@@ -97,21 +105,29 @@ def main():
   fmt = ChatFormat(load_tokenizer(config.tokenizer.path, config.tokenizer.special_ids),
                    config.tokenizer.thinking)
   own = tuple(config.rollout.prefill_buckets)
-  out = [run_arm(config, params, _buckets(args.a) or own, [], tasks, fmt),
-         run_arm(config, params, _buckets(args.b) or own, args.set_b, tasks, fmt)]
+  out = [run_arm(config, params, _buckets(args.a) or own, args.set_a, tasks, fmt, args.passes),
+         run_arm(config, params, _buckets(args.b) or own, args.set_b, tasks, fmt, args.passes)]
   print(f"\n{len(tasks)} held-out tasks, temperature {loop._eval_temperature(config)}, "
         f"{config.rollout.slots} slots, {config.harness.num_workers} agent workers")
   for name, r in zip("AB", out):
     lo, hi = r["ci"]
-    extra = f" ({', '.join(args.set_b)})" if name == "B" and args.set_b else ""
+    sets = args.set_a if name == "A" else args.set_b
+    extra = f" ({', '.join(sets)})" if sets else ""
     print(f"{name}{extra} buckets {r['buckets']}: warmup {r['warmup_s']:.1f} s, eval {r['eval_s']:.1f} s, "
           f"pass@1 {r['pass_at_1']:.3f} [{lo:.3f}, {hi:.3f}]; {r['prefills']} prefills, per "
           f"bucket {r['per_bucket']}, mean pad {r['mean_pad']:.0f} tokens")
+    if r["prefix_cache"]:
+      print("  shared-prefix cache: " + ", ".join(f"{k} {v}" for k, v in r["prefix_cache"].items()))
     print("  episode time summed over episodes (s): " +
           ", ".join(f"{k} {v:.0f}" for k, v in r["timing"].items()))
+    if len(r["pass_s"]) > 1:
+      print("  eval time by pass (s): " + ", ".join(f"{t:.1f}" for t in r["pass_s"]))
   a, b = out
   print(f"eval time B / A: {b['eval_s'] / a['eval_s']:.3f}; warmup + eval B / A: "
         f"{(b['warmup_s'] + b['eval_s']) / (a['warmup_s'] + a['eval_s']):.3f}")
+  if args.passes > 1:
+    print(f"last pass B / A: {b['pass_s'][-1] / a['pass_s'][-1]:.3f}; warmup + all passes B / A: "
+          f"{(b['warmup_s'] + sum(b['pass_s'])) / (a['warmup_s'] + sum(a['pass_s'])):.3f}")
 
 
 if __name__ == "__main__":

@@ -66,6 +66,10 @@ def get_config(arg=None):
   # tokens a prefill on average); these five cost 8 s more warmup and cut the held-out eval
   # from 126 s to 95 s, same pass@1 (python benchmarks/eval_speed.py).
   c.rollout.prefill_buckets = (1024, 1280, 1536, 2048, 2304)
+  # Every prompt opens with the same ~700-token system turn, which the engine prefills once per
+  # weights version (rollout.prefix_cache); the rest of a prompt pads to one of these: first
+  # turns leave ~100 tokens, later turns 300-1600. Each is one compile (~3 s here) at first use.
+  c.rollout.prefix_buckets = (128, 512, 1024, 1792)
   c.rollout.slots = 8
   c.loop.tools = LEVEL1_TOOLS
   c.loop.tool_schema = "compact"

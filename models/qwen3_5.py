@@ -37,7 +37,7 @@ from models.layers import norm
 __all__ = [
     "ModelConfig", "init_params", "param_axes", "forward", "forward_hidden", "logits_from_hidden",
     "token_logprobs",
-    "init_cache", "prefill", "decode_step", "cache_insert", "count_params", "load_hf", "save_hf",
+    "init_cache", "prefill", "prefill_extend", "decode_step", "cache_insert", "count_params", "load_hf", "save_hf",
 ]
 
 
@@ -93,14 +93,20 @@ def param_axes(cfg: ModelConfig) -> dict:
 
 # -- forward ------------------------------------------------------------------------------
 
-def _block(p, x, positions, cfg: ModelConfig, layer_type: str, cache, lengths, decode: bool):
-  """One pre-norm residual block: mixer then feed-forward. Returns (x, router logits, cache)."""
+def _block(p, x, positions, cfg: ModelConfig, layer_type: str, cache, lengths, mode: str):
+  """One pre-norm residual block: mixer then feed-forward. Returns (x, router logits, cache).
+
+  mode: "prefill" (a whole sequence from position 0), "extend" (a continuation of the cached
+  prefix in `cache`) or "decode" (one token per row against the cache).
+  """
   h = norm.rms_norm(x, p["input_norm"], cfg.rms_norm_eps)
   if layer_type == LINEAR:
     h, cache = gated_deltanet.forward(p["mixer"], h, cfg, state=cache, lengths=lengths,
-                                      rule="recurrent" if decode else "chunked")
-  elif decode:
+                                      rule="recurrent" if mode == "decode" else "chunked")
+  elif mode == "decode":
     h, cache = attention.decode(p["mixer"], h, positions[:, 0], cache, cfg)
+  elif mode == "extend":
+    h, cache = attention.extend(p["mixer"], h, positions, cache, cfg)
   else:
     h, cache = attention.forward(p["mixer"], h, positions, cfg, cache=cache)
   x = x + h.astype(x.dtype)
@@ -114,7 +120,8 @@ def _block(p, x, positions, cfg: ModelConfig, layer_type: str, cache, lengths, d
   return x, router_logits, cache
 
 
-def _run_layers(cfg: ModelConfig, params, x, positions, cache=None, lengths=None, decode=False):
+def _run_layers(cfg: ModelConfig, params, x, positions, cache=None, lengths=None,
+                mode: str = "prefill"):
   """Scans the layer cycle over x [batch, seq, embed]. Returns (x, router logits, cache)."""
 
   def cycle_body(x, xs):
@@ -122,7 +129,7 @@ def _run_layers(cfg: ModelConfig, params, x, positions, cache=None, lengths=None
     router, new_cache = [], []
     for j, layer_type in enumerate(cfg.cycle):
       c = None if block_cache is None else block_cache[j]
-      x, r, c = _block(block_params[j], x, positions, cfg, layer_type, c, lengths, decode)
+      x, r, c = _block(block_params[j], x, positions, cfg, layer_type, c, lengths, mode)
       router.append(r)
       new_cache.append(c)
     return x, (tuple(router), None if block_cache is None else tuple(new_cache))
@@ -252,11 +259,35 @@ def prefill(cfg: ModelConfig, params, tokens, lengths, max_len: int):
   return logits_from_hidden(cfg, params, last), {"pos": lengths.astype(jnp.int32), "blocks": blocks}
 
 
+def prefill_extend(cfg: ModelConfig, params, prefix_cache, tokens, lengths):
+  """Continues cached prefixes with right-padded tokens and returns the caches of the whole.
+
+  Args:
+    prefix_cache: a `prefill` cache whose KV length is exactly its prefix length P (every row
+      holds P tokens: pos == P).
+    tokens: [batch, seq] int32 at positions [P, P + seq), each row valid on [0, lengths[i]).
+    lengths: [batch] int32, >= 1.
+  Returns:
+    (logits at each row's last valid token [batch, vocab] float32, cache of KV length P + seq
+    with pos = P + lengths): what `prefill` of the prefix and tokens together returns, up to
+    float rounding, without recomputing the prefix.
+  """
+  t = tokens.shape[1]
+  positions = prefix_cache["pos"][:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+  x = jnp.take(params["embed"], tokens, axis=0).astype(cfg.jnp_dtype)
+  x, _, blocks = _run_layers(cfg, params, x, positions, cache=prefix_cache, lengths=lengths,
+                             mode="extend")
+  last = jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0]
+  last = norm.rms_norm(last, params["final_norm"], cfg.rms_norm_eps)
+  pos = prefix_cache["pos"] + lengths.astype(jnp.int32)
+  return logits_from_hidden(cfg, params, last), {"pos": pos, "blocks": blocks}
+
+
 def decode_step(cfg: ModelConfig, params, cache, tokens):
   """Appends one token per row. tokens [batch] int32 -> (logits [batch, vocab] f32, cache)."""
   pos = cache["pos"]
   x = jnp.take(params["embed"], tokens[:, None], axis=0).astype(cfg.jnp_dtype)
-  x, _, blocks = _run_layers(cfg, params, x, pos[:, None], cache=cache, decode=True)
+  x, _, blocks = _run_layers(cfg, params, x, pos[:, None], cache=cache, mode="decode")
   x = norm.rms_norm(x[:, 0], params["final_norm"], cfg.rms_norm_eps)
   return logits_from_hidden(cfg, params, x), {"pos": pos + 1, "blocks": blocks}
 

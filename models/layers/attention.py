@@ -82,13 +82,15 @@ def _attend(q, k, v, mask, cfg: ModelConfig):
   return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, nh, hd)
 
 
-def _attend_query_chunks(q, k, v, chunk: int, cfg: ModelConfig):
+def _attend_query_chunks(q, k, v, chunk: int, cfg: ModelConfig, offset: int = 0):
   """Causal attention one block of `chunk` queries at a time, each block rematerialised.
 
   Peak score memory is [batch, heads, chunk, seq] instead of [batch, heads, seq, seq], in the
   forward and the backward pass alike; the result is the same softmax, computed exactly.
+  Query i sits at position offset + i of the keys (offset > 0: keys of a cached prefix first).
   """
   b, t, nh, hd = q.shape
+  s = k.shape[1]
   n = -(-t // chunk)
   q = jnp.pad(q, [(0, 0), (0, n * chunk - t), (0, 0), (0, 0)])
   q_blocks = jnp.moveaxis(q.reshape(b, n, chunk, nh, hd), 1, 0)
@@ -97,7 +99,7 @@ def _attend_query_chunks(q, k, v, chunk: int, cfg: ModelConfig):
   @jax.checkpoint
   def block(args):
     q_i, start = args
-    mask = (start + jnp.arange(chunk))[:, None] >= jnp.arange(t)[None, :]
+    mask = (offset + start + jnp.arange(chunk))[:, None] >= jnp.arange(s)[None, :]
     return _attend(q_i, k, v, mask[None], cfg)
 
   out = jax.lax.map(block, (q_blocks, starts))
@@ -133,6 +135,30 @@ def forward(p, x, positions, cfg: ModelConfig, cache=None):
         "k": jax.lax.dynamic_update_slice_in_dim(cache["k"], k.astype(cache["k"].dtype), 0, axis=1),
         "v": jax.lax.dynamic_update_slice_in_dim(cache["v"], v.astype(cache["v"].dtype), 0, axis=1),
     }
+  return _output(p, out, gate, cfg), cache
+
+
+def extend(p, x, positions, cache, cfg: ModelConfig):
+  """Causal attention of a continuation over a cached prefix and itself.
+
+  Args:
+    x: [batch, seq, embed], the tokens after the prefix.
+    positions: [batch, seq] int32, prefix_len + [0, seq).
+    cache: {"k", "v": [batch, prefix_len, kv_heads, head_dim]}, exactly the prefix (no padding).
+  Returns:
+    ([batch, seq, embed], cache {"k", "v": [batch, prefix_len + seq, kv_heads, head_dim]}).
+  """
+  q, gate, k, v = _project(p, x, positions, cfg)
+  t, offset = x.shape[1], cache["k"].shape[1]
+  k_all = jnp.concatenate([cache["k"].astype(k.dtype), k], axis=1)
+  v_all = jnp.concatenate([cache["v"].astype(v.dtype), v], axis=1)
+  chunk = cfg.attention_query_chunk
+  if chunk and t > chunk:
+    out = _attend_query_chunks(q, k_all, v_all, chunk, cfg, offset)
+  else:
+    causal = (offset + jnp.arange(t))[:, None] >= jnp.arange(offset + t)[None, :]
+    out = _attend(q, k_all, v_all, causal[None], cfg)
+  cache = {"k": k_all.astype(cache["k"].dtype), "v": v_all.astype(cache["v"].dtype)}
   return _output(p, out, gate, cfg), cache
 
 

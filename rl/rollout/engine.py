@@ -22,6 +22,10 @@ last prompt position's logits and `generate` samples first, then feeds the sampl
 through the model: every step emits exactly one token per slot, the first included, and the
 sampling code lives in one place.
 
+With prefix buckets (`rollout.prefix_cache`), a prompt that extends the prefix all prompts share
+(the system turn; learned by rl/rollout/prefix_cache.py) is prefilled from that prefix's cached
+state on: the prefix costs one prefill per weights version instead of one per prompt.
+
 Results are `SampledTokens`: JetStream's `ResultTokens` (token, valid, length columns)
 extended with the logprob of each token; stop ids and max_tokens are applied per request by
 the orchestrator (rl/rollout/orchestrator.py), which also returns the stop id itself.
@@ -42,6 +46,7 @@ from jetstream.engine import tokenizer_api
 from jetstream.engine import tokenizer_pb2
 
 from models import qwen3_5
+from rl.rollout import prefix_cache as prefix_lib
 from rl.rollout import sampling
 
 
@@ -174,12 +179,15 @@ class QwenEngine(engine_api.Engine):
     tokenizer_cfg: the `tokenizer` config section (for text requests); None = none.
     mesh, rules: optional device mesh and logical-axis rules (models/sharding.py); None = one
       device.
+    prefix_buckets: pad lengths of the part of a prompt after the shared prefix (one compile
+      each, at first use); () = no prefix cache: every prompt is prefilled whole.
+    prefix_min_len: the shortest shared prefix worth caching (rl/rollout/prefix_cache.py).
   """
 
   def __init__(self, cfg, *, slots: int, max_len: int, prefill_buckets: Sequence[int],
                params=None, init_seed: int = 0, default_sampling: SamplingSettings = SamplingSettings(),
                stop_ids: Sequence[int] = (), cache_dtype: Optional[str] = None, tokenizer_cfg=None,
-               mesh=None, rules=None):
+               mesh=None, rules=None, prefix_buckets: Sequence[int] = (), prefix_min_len: int = 256):
     if max_len > cfg.max_position_embeddings:
       raise ValueError(f"max_len {max_len} > model max_position_embeddings "
                        f"{cfg.max_position_embeddings}")
@@ -211,6 +219,12 @@ class QwenEngine(engine_api.Engine):
     self._handle = ParamsHandle(params)
     self._abstract_params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
     self._prefill_jit = jax.jit(self._prefill_impl)
+    self._extend_jit = jax.jit(self._extend_impl)
+    self.prefix_buckets = tuple(sorted({int(b) for b in prefix_buckets if 0 < int(b) < self.max_len}))
+    # Aligned to the Gated DeltaNet chunk, the continuation's chunks are the whole prompt's.
+    self._shared = (prefix_lib.SharedPrefix(cfg.gdn_chunk_size, prefix_min_len)
+                    if self.prefix_buckets else None)
+    self._too_long = 0   # prompts that extend the shared prefix by more than the largest bucket
     self._insert_jit = jax.jit(self._insert_impl, donate_argnums=(1,))
     self._generate_jit = jax.jit(self._generate_impl, donate_argnums=(1,))
 
@@ -224,7 +238,9 @@ class QwenEngine(engine_api.Engine):
         slots=capacity.engine_slots(config), max_len=r.max_len, prefill_buckets=r.prefill_buckets,
         params=params, init_seed=config.seed,
         default_sampling=SamplingSettings(r.temperature, r.top_p, r.top_k, None),
-        stop_ids=r.stop_ids, cache_dtype=r.cache_dtype or None, tokenizer_cfg=config.tokenizer)
+        stop_ids=r.stop_ids, cache_dtype=r.cache_dtype or None, tokenizer_cfg=config.tokenizer,
+        prefix_buckets=r.prefix_buckets if r.prefix_cache else (),
+        prefix_min_len=r.prefix_min_len)
     kw.update(overrides)
     return cls(cfg, **kw)
 
@@ -241,6 +257,17 @@ class QwenEngine(engine_api.Engine):
     """tokens [1, bucket] int32, length [1] int32 -> prefix (KV length = bucket)."""
     # KV length = bucket: a short prompt's prefix stays small; insert pads it to max_len.
     logits, cache = qwen3_5.prefill(self.cfg, params, tokens, length, tokens.shape[1])
+    return self._prefix(logits, cache, seed_lo, seed_hi, temperature, top_k, top_p)
+
+  def _extend_impl(self, params, prefix_cache, tokens, length, seed_lo, seed_hi, temperature,
+                   top_k, top_p):
+    """The shared prefix's cache (KV length P) + tokens [1, bucket] after it -> prefix (KV length
+    P + bucket)."""
+    logits, cache = qwen3_5.prefill_extend(self.cfg, params, prefix_cache, tokens, length)
+    return self._prefix(logits, cache, seed_lo, seed_hi, temperature, top_k, top_p)
+
+  @staticmethod
+  def _prefix(logits, cache, seed_lo, seed_hi, temperature, top_k, top_p):
     key = jax.random.fold_in(jax.random.key(seed_lo), seed_hi)
     return {"cache": cache, "logits": logits,
             "key": jax.random.key_data(key)[None].astype(jnp.uint32),
@@ -331,7 +358,8 @@ class QwenEngine(engine_api.Engine):
   def prefill(self, *, params, existing_prefix=None, padded_tokens, true_length: int):
     """Runs the prompt; returns the prefix (cache, last logits, sampling settings)."""
     if existing_prefix is not None:
-      raise NotImplementedError("prefix caching across requests is not supported")
+      raise NotImplementedError("JetStream's existing_prefix is not supported; the engine "
+                                "caches the prefix prompts share itself (rollout.prefix_cache)")
     if isinstance(padded_tokens, PrefillInput):
       tokens, s = padded_tokens.tokens, padded_tokens.sampling
     else:
@@ -339,9 +367,45 @@ class QwenEngine(engine_api.Engine):
     tokens = np.asarray(tokens, np.int32).reshape(1, -1)
     seed = self.next_seed() if s.seed is None else s.seed
     lo, hi = _split_seed(seed)
+    sampling_args = (lo, hi, np.float32(s.temperature), np.int32(s.top_k), np.float32(s.top_p))
     with self._ctx():
-      return self._prefill_jit(_unwrap(params), tokens, np.asarray([true_length], np.int32), lo, hi,
-                               np.float32(s.temperature), np.int32(s.top_k), np.float32(s.top_p))
+      if self._shared is not None and isinstance(params, ParamsHandle):
+        out = self._prefill_after_shared(params, tokens[0, :true_length], sampling_args)
+        if out is not None:
+          return out
+      return self._prefill_jit(_unwrap(params), tokens, np.asarray([true_length], np.int32),
+                               *sampling_args)
+
+  def _prefill_after_shared(self, handle: ParamsHandle, prompt: np.ndarray, sampling_args):
+    """The prompt's prefix from the shared prefix's cache and a prefill of the rest; None when
+    the prompt does not extend the shared prefix or no bucket holds the rest."""
+    n_prefix = self._shared.match(prompt)
+    if not n_prefix:
+      return None
+    rest = len(prompt) - n_prefix
+    fits = [b for b in self.prefix_buckets if b >= rest and n_prefix + b <= self.max_len]
+    if not fits:
+      self._too_long += 1
+      return None
+    params, version = handle.get()   # one read: the prefix and the rest see the same weights
+    no_sampling = (np.uint32(0), np.uint32(0), np.float32(1.0), np.int32(0), np.float32(1.0))
+    compute = lambda t: self._prefill_jit(params, t[None], np.asarray([len(t)], np.int32),
+                                          *no_sampling)["cache"]
+    prefix_cache = self._shared.cache_for(version, prompt[:n_prefix], compute)
+    tokens = np.zeros((1, fits[0]), np.int32)
+    tokens[0, :rest] = prompt[n_prefix:]
+    return self._extend_jit(params, prefix_cache, tokens, np.asarray([rest], np.int32),
+                            *sampling_args)
+
+  def prefix_cache_stats(self) -> dict:
+    """Prompts that extended the shared prefix (hits; of them, too_long: a rest longer than the
+    largest prefix bucket, prefilled whole) or not (misses), the prefix's recomputes (one per
+    weights version and prefix) and its length."""
+    if self._shared is None:
+      return {}
+    t = self._shared.tokens
+    return dict(hits=self._shared.hits, too_long=self._too_long, misses=self._shared.misses,
+                computes=self._shared.computes, prefix_len=0 if t is None else len(t))
 
   def insert(self, prefix, decode_state, slot: int):
     with self._ctx():

@@ -76,6 +76,50 @@ def test_right_padded_batch_rows_match_their_runs_alone(model):
     np.testing.assert_allclose(batch_full[i, :len(r)], alone[0, :-1], atol=1e-4)
 
 
+_extend = jax.jit(qwen3_5.prefill_extend, static_argnums=0)
+
+
+@pytest.mark.parametrize("prefix_len", [64, 50])  # on a GDN chunk boundary, and off one
+def test_prefill_extend_of_a_cached_prefix_matches_prefill_of_the_whole(model, prefix_len):
+  cfg, params = model
+  rng = np.random.default_rng(5)
+  lengths = [prefix_len + 37, prefix_len + 5]
+  rows = [rng.integers(0, cfg.vocab_size, n) for n in lengths]
+  rows[1][:prefix_len] = rows[0][:prefix_len]   # one prefix, two continuations
+  prefix = jnp.asarray(rows[0][:prefix_len][None], jnp.int32)
+  _, prefix_cache = _prefill(cfg, params, prefix, jnp.asarray([prefix_len]), max_len=prefix_len)
+  both = {"pos": jnp.concatenate([prefix_cache["pos"]] * 2),   # cache leaves: [cycles, batch, ...]
+          "blocks": jax.tree.map(lambda a: jnp.concatenate([a, a], axis=1), prefix_cache["blocks"])}
+  rest = np.zeros((2, 48), np.int32)   # right-padded continuations
+  for i, r in enumerate(rows):
+    rest[i, :len(r) - prefix_len] = r[prefix_len:]
+  rest_len = jnp.asarray([n - prefix_len for n in lengths], jnp.int32)
+  logits, cache = _extend(cfg, params, both, jnp.asarray(rest), rest_len)
+  assert cache["pos"].tolist() == lengths
+  assert cache["blocks"][3]["k"].shape[2] == prefix_len + 48
+  nxt = jnp.asarray([5, 6], jnp.int32)
+  step_logits, _ = jax.jit(qwen3_5.decode_step, static_argnums=0)(cfg, params, cache, nxt)
+  for i, r in enumerate(rows):
+    alone = _forward(cfg, params, jnp.asarray(np.append(r, int(nxt[i]))[None], jnp.int32))
+    np.testing.assert_allclose(logits[i], alone[0, -2], atol=1e-4)
+    # The decode after it reads the prefix's keys and the continuation's from one cache.
+    np.testing.assert_allclose(step_logits[i], alone[0, -1], atol=1e-4)
+
+
+def test_query_chunked_extend_matches_one_block(model):
+  cfg, params = model
+  p = jax.tree.map(lambda a: a[0], params["blocks"][3]["mixer"])   # the attention layer
+  x = jax.random.normal(jax.random.key(6), (1, 75, cfg.hidden_size))
+  pos = jnp.arange(75)[None]
+  _, cache = attention.forward(p, x[:, :30], pos[:, :30], cfg,
+                               cache={"k": jnp.zeros((1, 30, cfg.num_key_value_heads, cfg.head_dim)),
+                                      "v": jnp.zeros((1, 30, cfg.num_key_value_heads, cfg.head_dim))})
+  whole = attention.forward(p, x, pos, cfg)[0][:, 30:]
+  for c in (cfg, cfg.replace(attention_query_chunk=16)):   # 45 queries = 2 blocks + a padded one
+    out, _ = attention.extend(p, x[:, 30:], pos[:, 30:], cache, c)
+    np.testing.assert_allclose(out, whole, atol=1e-5)
+
+
 def test_cache_insert_moves_one_sequence_into_a_slot(model):
   cfg, params = model
   tokens = jnp.asarray(np.random.default_rng(2).integers(0, cfg.vocab_size, (1, 20)), jnp.int32)
