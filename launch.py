@@ -45,6 +45,16 @@ def _maybe_initialize_distributed():
     jax.distributed.initialize()
 
 
+def _use_compilation_cache(config):
+  """Points XLA's persistent compilation cache at config.jax_cache_dir (before any compile)."""
+  if not config.jax_cache_dir:
+    return
+  import jax
+  jax.config.update("jax_compilation_cache_dir", os.path.abspath(config.jax_cache_dir))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                    float(config.jax_cache_min_compile_s))
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -53,6 +63,7 @@ def main(argv):
     sweep.run_sweep(_SWEEP.value, _CONFIG.value, _MODE.value, sys.argv, dry_run=_DRY_RUN.value)
     return
   _maybe_initialize_distributed()
+  _use_compilation_cache(_CONFIG.value)
   module_name, fn_name = _MODES[_MODE.value].split(":")
   try:
     module = importlib.import_module(module_name)

@@ -51,6 +51,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.name = "base"                    # run name; outputs go to runs/<name>/
   c.seed = 0                         # master seed (init, data order, sampling)
   c.workdir = "runs"                 # parent directory of run outputs
+  # XLA's persistent compilation cache: a later run (a sweep's next arm, make run again) reads
+  # the executables an earlier one compiled instead of compiling them. "" = off.
+  c.jax_cache_dir = "runs/jax_cache"
+  c.jax_cache_min_compile_s = 1.0    # only compiles at least this long are written to it
 
   c.model = get_model_config()
 

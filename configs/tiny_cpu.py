@@ -78,7 +78,7 @@ def get_config(arg=None):
   c.sft.levels = (1,)
   # `make run` has 15 minutes on a 2-core CPU, a clean install included: 1.5-3 min of pip,
   # imports, worlds and warmup, SFT ~1 min, each held-out eval of the 168 tasks ~1-1.5 min
-  # (README has the clean-clone figures: 354-642 s in all, by day). So the SFT is a short pass
+  # (README has the clean-clone figures: 321-642 s in all, by day). So the SFT is a short pass
   # (the base has seen this task mix) and RL gets 5 steps of 8 prompts: the run shows the whole
   # SFT -> eval -> GRPO -> eval path, not an RL gain (README: status, and the longer runs that
   # measure what RL does here).

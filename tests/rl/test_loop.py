@@ -557,3 +557,16 @@ def test_a_group_masked_for_timeouts_carries_no_signal_for_dynamic_sampling():
   results = [_episode(0, 0, 1.0), _episode(0, 1, 0.0, outcome="tool_timeout"),
              _episode(1, 0, 1.0), _episode(1, 1, 0.0)]
   assert loop.informative_groups(results, c) == [1]
+
+
+def test_launch_writes_compiled_programs_to_the_persistent_cache(tmp_path):
+  import subprocess
+  cache = tmp_path / "jax_cache"
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "launch.py"), "--mode=model",
+                        "--config=" + os.path.join(ROOT, "configs/tiny_cpu.py"),
+                        f"--config.workdir={tmp_path}", f"--config.jax_cache_dir={cache}",
+                        "--config.jax_cache_min_compile_s=0"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "scored a batch" in out.stdout
+  assert cache.is_dir() and any(cache.iterdir())
