@@ -17,9 +17,6 @@ import os
 import re
 import threading
 
-import openpyxl
-from openpyxl.utils import cell as cell_utils
-
 from envs import sandbox
 
 APPS = ("filesystem", "documents", "pdfs", "spreadsheets", "presentations", "mail", "chat",
@@ -216,8 +213,11 @@ class WorldTools:
     return "\n".join(hits) if hits else f"no PDF line contains {query!r}"
 
   # ---- spreadsheets --------------------------------------------------------------------------
-  def _workbook(self, real: str):
-    return openpyxl.load_workbook(real, data_only=True)
+  def _workbook(self, real: str, data_only: bool = True):
+    # Imported at first use, like the other file readers: importing openpyxl is ~0.14 s of CPU,
+    # paid by every world start otherwise, whether or not the episode opens a workbook.
+    import openpyxl  # pylint: disable=g-import-not-at-top
+    return openpyxl.load_workbook(real, data_only=data_only)
 
   def spreadsheets_list_sheets(self, path: str) -> str:
     """List the sheets of a workbook (.xlsx) with their used ranges."""
@@ -239,6 +239,7 @@ class WorldTools:
     if name not in sheets:
       raise ToolFailure("not_found", f"no sheet {sheet!r}; sheets: {', '.join(sheets)}")
     out = [f"sheet {name} of {self.rel(real)}"]
+    from openpyxl.utils import cell as cell_utils  # pylint: disable=g-import-not-at-top
     for i, row in enumerate(sheets[name][:max_rows]):
       cells = [f"{cell_utils.get_column_letter(j + 1)}={v}" for j, v in enumerate(row) if v is not None]
       if cells:
@@ -251,7 +252,7 @@ class WorldTools:
     self._ext(real, (".xlsx",), "spreadsheets")
     if not re.fullmatch(r"[A-Za-z]{1,3}[1-9][0-9]{0,5}", cell or ""):
       raise ToolFailure("bad_argument", f"not a cell reference: {cell!r}")
-    wb = openpyxl.load_workbook(real)
+    wb = self._workbook(real, data_only=False)
     if sheet not in wb.sheetnames:
       raise ToolFailure("not_found", f"no sheet {sheet!r}; sheets: {', '.join(wb.sheetnames)}")
     v = _as_number(value)
