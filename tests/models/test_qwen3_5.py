@@ -77,6 +77,7 @@ def test_right_padded_batch_rows_match_their_runs_alone(model):
 
 
 _extend = jax.jit(qwen3_5.prefill_extend, static_argnums=0)
+_decode = jax.jit(qwen3_5.decode_step, static_argnums=0)
 
 
 @pytest.mark.parametrize("prefix_len", [64, 50])  # on a GDN chunk boundary, and off one
@@ -98,12 +99,15 @@ def test_prefill_extend_of_a_cached_prefix_matches_prefill_of_the_whole(model, p
   assert cache["pos"].tolist() == lengths
   assert cache["blocks"][3]["k"].shape[2] == prefix_len + 48
   nxt = jnp.asarray([5, 6], jnp.int32)
-  step_logits, _ = jax.jit(qwen3_5.decode_step, static_argnums=0)(cfg, params, cache, nxt)
+  step_logits, _ = _decode(cfg, params, cache, nxt)
+  whole = np.zeros((2, 128), np.int32)   # right padding: causal, so it changes nothing before it
   for i, r in enumerate(rows):
-    alone = _forward(cfg, params, jnp.asarray(np.append(r, int(nxt[i]))[None], jnp.int32))
-    np.testing.assert_allclose(logits[i], alone[0, -2], atol=1e-4)
+    whole[i, :len(r) + 1] = np.append(r, int(nxt[i]))
+  full = _forward(cfg, params, jnp.asarray(whole))
+  for i, n in enumerate(lengths):
+    np.testing.assert_allclose(logits[i], full[i, n - 1], atol=1e-4)
     # The decode after it reads the prefix's keys and the continuation's from one cache.
-    np.testing.assert_allclose(step_logits[i], alone[0, -1], atol=1e-4)
+    np.testing.assert_allclose(step_logits[i], full[i, n], atol=1e-4)
 
 
 def test_query_chunked_extend_matches_one_block(model):
@@ -111,12 +115,13 @@ def test_query_chunked_extend_matches_one_block(model):
   p = jax.tree.map(lambda a: a[0], params["blocks"][3]["mixer"])   # the attention layer
   x = jax.random.normal(jax.random.key(6), (1, 75, cfg.hidden_size))
   pos = jnp.arange(75)[None]
-  _, cache = attention.forward(p, x[:, :30], pos[:, :30], cfg,
-                               cache={"k": jnp.zeros((1, 30, cfg.num_key_value_heads, cfg.head_dim)),
-                                      "v": jnp.zeros((1, 30, cfg.num_key_value_heads, cfg.head_dim))})
-  whole = attention.forward(p, x, pos, cfg)[0][:, 30:]
+  kv = jnp.zeros((1, 30, cfg.num_key_value_heads, cfg.head_dim))
+  _, cache = jax.jit(lambda p, x: attention.forward(p, x, pos[:, :30], cfg,
+                                                   cache={"k": kv, "v": kv}))(p, x[:, :30])
+  whole = jax.jit(lambda p, x: attention.forward(p, x, pos, cfg)[0])(p, x)[:, 30:]
   for c in (cfg, cfg.replace(attention_query_chunk=16)):   # 45 queries = 2 blocks + a padded one
-    out, _ = attention.extend(p, x[:, 30:], pos[:, 30:], cache, c)
+    out = jax.jit(lambda p, x, cache, c=c: attention.extend(p, x, pos[:, 30:], cache, c)[0])(
+        p, x[:, 30:], cache)
     np.testing.assert_allclose(out, whole, atol=1e-5)
 
 
