@@ -240,9 +240,23 @@ def run_dir(config) -> str:
 # ----------------------------------------------------------------------------- rollouts
 
 
+_isolation_reported = False
+
+
+def report_isolation(config) -> None:
+  """Prints the code-execution sandbox's isolation level, once per process (the gateways,
+  one a world, start quietly)."""
+  global _isolation_reported
+  if not _isolation_reported:
+    from envs import sandbox
+    print(f"worlds: code_execution isolation {sandbox.isolation(config.envs.sandbox)}", flush=True)
+    _isolation_reported = True
+
+
 def run_pool(pool, episodes, config, desc: str):
   """pool.run with a progress bar that moves with each finished episode; results in episode
   order. One call for the whole list, so the pool can keep each worker on one warm world."""
+  report_isolation(config)
   passed = []
   with _bar(config, len(episodes), desc) as bar:
     def on_result(r):

@@ -64,7 +64,7 @@ class AsyncGateway:
   async def start(self):
     params = mcp.StdioServerParameters(
         command=sys.executable,
-        args=["-m", "envs.apps.server", "--world_dir", self.world_dir,
+        args=["-m", "envs.apps.server", "--world_dir", self.world_dir, "--quiet",
               "--envs_json", json.dumps(self.cfg.to_dict())],
         env={"PYTHONPATH": _REPO, "PYTHONUNBUFFERED": "1"}, cwd=_REPO)
     self._client = mcp.Client(params, read_timeout_seconds=float(self.cfg.client_timeout_s),

@@ -6,7 +6,8 @@ Tool names carry their app as prefix (`spreadsheets_read_sheet`, `mail_send_mess
 Each call runs in a worker thread under a server-side time limit (mcp has none of its own),
 and its text is cut to `tool_output_chars`. Failures come back as is_error results whose text
 starts with "[kind]" (see envs.apps.tools.ToolFailure). The server's `instructions` carry the
-world id and the sandbox isolation level, which the server also logs to stderr at start.
+world id and the sandbox isolation level, which the server also logs to stderr at start (unless
+--quiet: the harness starts one gateway per world and reports the level once itself).
 """
 import argparse
 import asyncio
@@ -71,12 +72,14 @@ def main(argv=None):
   ap = argparse.ArgumentParser()
   ap.add_argument("--world_dir", required=True)
   ap.add_argument("--envs_json", required=True, help="config.envs as JSON")
+  ap.add_argument("--quiet", action="store_true", help="no start line on stderr")
   args = ap.parse_args(argv)
   envs_cfg = ml_collections.ConfigDict(json.loads(args.envs_json))
   logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
   server = build_server(args.world_dir, envs_cfg)
-  print(f"world gateway {args.world_dir}: isolation {server.isolation}", file=sys.stderr,
-        flush=True)
+  if not args.quiet:
+    print(f"world gateway {args.world_dir}: isolation {server.isolation}", file=sys.stderr,
+          flush=True)
   server.run("stdio")
 
 

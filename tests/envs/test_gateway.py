@@ -126,3 +126,18 @@ def test_local_gateway_matches_mcp(world, envs_cfg):
   assert local.call_tool("spreadsheets_read_sheet", args).text == \
       gw.call_tool("spreadsheets_read_sheet", args).text
   assert [t["name"] for t in local.list_tools()] == [t["name"] for t in gw.list_tools()]
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_server_announces_isolation_on_stderr_unless_quiet(world, envs_cfg, quiet):
+  import json
+  import subprocess
+  import sys
+  _, inst, _ = world
+  cmd = [sys.executable, "-m", "envs.apps.server", "--world_dir", inst.path,
+         "--envs_json", json.dumps(envs_cfg.to_dict())] + (["--quiet"] if quiet else [])
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  # stdin at EOF: the stdio server starts, finds no client and exits.
+  p = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, cwd=repo,
+                     timeout=60)
+  assert ("isolation" in p.stderr) != quiet, p.stderr
