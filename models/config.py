@@ -46,6 +46,7 @@ class ModelConfig:
   scan_layers: bool
   remat: str
   attention_query_chunk: int = 0
+  attention_causal_block: int = 0
   logits_chunk: int = 0
 
   def __post_init__(self):
@@ -177,6 +178,7 @@ def from_hf_dict(d: Mapping[str, Any], *, dtype: str = "float32", **overrides) -
       scan_layers=True,
       remat="none",
       attention_query_chunk=0,
+      attention_causal_block=0,
       logits_chunk=0,
   )
   kw.update(overrides)

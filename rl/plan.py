@@ -122,9 +122,16 @@ def activation_bytes(mc, seq: int, rows: float, tensor_ways: int) -> dict:
     working = cycle_ws
     scores_layers = n_attn
   heads_dev = max(mc.num_attention_heads // tensor_ways, 1)
-  # Query-chunked attention holds one [chunk, seq] block of scores at a time.
-  q_block = mc.attention_query_chunk if 0 < mc.attention_query_chunk < seq else seq
-  scores = scores_layers * rows * heads_dev * q_block * seq * 4 * 2   # f32 logits + probs
+  # Query-chunked attention holds one [chunk, seq] block of scores at a time; causal blocks
+  # hold the lower-triangular blocks only, (n + 1) / 2n of the square with n blocks.
+  if 0 < mc.attention_query_chunk < seq:
+    score_area = mc.attention_query_chunk * seq
+  elif 0 < mc.attention_causal_block < seq:
+    n = -(-seq // mc.attention_causal_block)
+    score_area = seq * seq * (n + 1) / (2 * n)
+  else:
+    score_area = seq * seq
+  scores = scores_layers * rows * heads_dev * score_area * 4 * 2   # f32 logits + probs
   # f32 logits, log-softmax and their grad, for logits_chunk positions of each row at a time.
   logit_rows = rows * (mc.logits_chunk if 0 < mc.logits_chunk < seq else seq)
   logits = logit_rows * mc.vocab_size / tensor_ways * 4 * 3

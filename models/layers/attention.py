@@ -106,6 +106,39 @@ def _attend_query_chunks(q, k, v, chunk: int, cfg: ModelConfig, offset: int = 0)
   return jnp.moveaxis(out, 0, 1).reshape(b, n * chunk, nh, hd)[:, :t]
 
 
+def _attend_causal_blocks(q, k, v, block: int, cfg: ModelConfig, offset: int = 0):
+  """Causal attention, queries in blocks of `block`, each block scored only against the keys
+  up to its last query.
+
+  The scores above the diagonal blocks, masked away anyway, are never computed: with n blocks
+  the score work and memory are (n + 1) / 2n of the full [seq, seq] square, in the forward and
+  the backward pass. Exact: each block's softmax runs over every key its queries may see. The
+  blocks differ in shape, so they are unrolled (n einsum pairs in the program).
+  Query i sits at position offset + i of the keys (offset > 0: keys of a cached prefix first).
+  """
+  t = q.shape[1]
+  outs = []
+  for start in range(0, t, block):
+    stop = min(start + block, t)
+    seen = offset + stop
+    mask = (offset + jnp.arange(start, stop))[:, None] >= jnp.arange(seen)[None, :]
+    outs.append(_attend(q[:, start:stop], k[:, :seen], v[:, :seen], mask[None], cfg))
+  return jnp.concatenate(outs, axis=1)
+
+
+def _attend_causal(q, k, v, cfg: ModelConfig, offset: int = 0):
+  """Causal attention of q (at key positions offset + [0, t)) over k, v, by the config's
+  strategy: query chunks (bounded memory), causal blocks (skipped upper triangle) or one block."""
+  t = q.shape[1]
+  chunk, block = cfg.attention_query_chunk, cfg.attention_causal_block
+  if chunk and t > chunk:
+    return _attend_query_chunks(q, k, v, chunk, cfg, offset)
+  if block and t > block:
+    return _attend_causal_blocks(q, k, v, block, cfg, offset)
+  causal = (offset + jnp.arange(t))[:, None] >= jnp.arange(k.shape[1])[None, :]
+  return _attend(q, k, v, causal[None], cfg)
+
+
 def _output(p, out, gate, cfg: ModelConfig):
   out = out * jax.nn.sigmoid(gate)
   return jnp.einsum("bshd,hde->bse", out, p["o_proj"].astype(cfg.jnp_dtype))
@@ -123,13 +156,7 @@ def forward(p, x, positions, cfg: ModelConfig, cache=None):
     ([batch, seq, embed], cache or None).
   """
   q, gate, k, v = _project(p, x, positions, cfg)
-  t = x.shape[1]
-  chunk = cfg.attention_query_chunk
-  if chunk and t > chunk:
-    out = _attend_query_chunks(q, k, v, chunk, cfg)
-  else:
-    causal = jnp.tril(jnp.ones((t, t), dtype=bool))[None]
-    out = _attend(q, k, v, causal, cfg)
+  out = _attend_causal(q, k, v, cfg)
   if cache is not None:
     cache = {
         "k": jax.lax.dynamic_update_slice_in_dim(cache["k"], k.astype(cache["k"].dtype), 0, axis=1),
@@ -149,15 +176,10 @@ def extend(p, x, positions, cache, cfg: ModelConfig):
     ([batch, seq, embed], cache {"k", "v": [batch, prefix_len + seq, kv_heads, head_dim]}).
   """
   q, gate, k, v = _project(p, x, positions, cfg)
-  t, offset = x.shape[1], cache["k"].shape[1]
+  offset = cache["k"].shape[1]
   k_all = jnp.concatenate([cache["k"].astype(k.dtype), k], axis=1)
   v_all = jnp.concatenate([cache["v"].astype(v.dtype), v], axis=1)
-  chunk = cfg.attention_query_chunk
-  if chunk and t > chunk:
-    out = _attend_query_chunks(q, k_all, v_all, chunk, cfg, offset)
-  else:
-    causal = (offset + jnp.arange(t))[:, None] >= jnp.arange(offset + t)[None, :]
-    out = _attend(q, k_all, v_all, causal[None], cfg)
+  out = _attend_causal(q, k_all, v_all, cfg, offset)
   cache = {"k": k_all.astype(cache["k"].dtype), "v": v_all.astype(cache["v"].dtype)}
   return _output(p, out, gate, cfg), cache
 

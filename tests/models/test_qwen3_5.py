@@ -110,7 +110,7 @@ def test_prefill_extend_of_a_cached_prefix_matches_prefill_of_the_whole(model, p
     np.testing.assert_allclose(step_logits[i], full[i, n], atol=1e-4)
 
 
-def test_query_chunked_extend_matches_one_block(model):
+def test_query_chunked_and_causal_block_extend_match_one_block(model):
   cfg, params = model
   p = jax.tree.map(lambda a: a[0], params["blocks"][3]["mixer"])   # the attention layer
   x = jax.random.normal(jax.random.key(6), (1, 75, cfg.hidden_size))
@@ -119,7 +119,8 @@ def test_query_chunked_extend_matches_one_block(model):
   _, cache = jax.jit(lambda p, x: attention.forward(p, x, pos[:, :30], cfg,
                                                    cache={"k": kv, "v": kv}))(p, x[:, :30])
   whole = jax.jit(lambda p, x: attention.forward(p, x, pos, cfg)[0])(p, x)[:, 30:]
-  for c in (cfg, cfg.replace(attention_query_chunk=16)):   # 45 queries = 2 blocks + a padded one
+  # 45 queries = 2 blocks + a padded one (query chunks) or a short one (causal blocks).
+  for c in (cfg, cfg.replace(attention_query_chunk=16), cfg.replace(attention_causal_block=16)):
     out = jax.jit(lambda p, x, cache, c=c: attention.extend(p, x, pos[:, 30:], cache, c)[0])(
         p, x[:, 30:], cache)
     np.testing.assert_allclose(out, whole, atol=1e-5)
@@ -279,12 +280,13 @@ def test_corrupt_shard_is_reported(saved):
     qwen3_5.load_hf(path)
 
 
-def test_query_chunked_attention_matches_one_block(model):
+@pytest.mark.parametrize("knob", ["attention_query_chunk", "attention_causal_block"])
+def test_blocked_attention_matches_one_block(model, knob):
   cfg, params = model
   p = jax.tree.map(lambda a: a[0], params["blocks"][3]["mixer"])   # the attention layer
   x = jax.random.normal(jax.random.key(4), (2, 45, cfg.hidden_size))
   pos = jnp.broadcast_to(jnp.arange(45), (2, 45))
-  chunked = cfg.replace(attention_query_chunk=16)  # 45 = 2 full blocks + a padded one
+  chunked = cfg.replace(**{knob: 16})  # 45 = 2 full blocks + a partial one
 
   def loss(c, p, x):
     return jnp.sum(jnp.sin(attention.forward(p, x, pos, c)[0]))
