@@ -4,6 +4,7 @@ micro-batch costs) and the forward alone (what a prefill costs), per block size.
 
   python benchmarks/attention_blocks.py                        # [8, 2560], blocks 0,256,512,1024
   python benchmarks/attention_blocks.py --batch=1 --seq=2304 --blocks=0,512
+  python benchmarks/attention_blocks.py --query_chunk=256 --blocks=0,1024   # the long-context path
 
 Each arm is compiled first, then the arms are timed in turns (`--rounds` rounds, median), so a
 change in the machine's speed lands on all of them alike. Prints one line per arm with its
@@ -30,9 +31,11 @@ def main():
   ap.add_argument("--seq", type=int, default=2560)
   ap.add_argument("--blocks", default="0,256,512,1024")
   ap.add_argument("--rounds", type=int, default=5)
+  ap.add_argument("--query_chunk", type=int, default=0,
+                  help="model.attention_query_chunk in every arm (0 = off)")
   args = ap.parse_args()
   base = qwen3_5.config_from_dict(tiny_cpu.get_config().model)
-  base = base.replace(attention_causal_block=0)
+  base = base.replace(attention_causal_block=0, attention_query_chunk=args.query_chunk)
   key = jax.random.key(0)
   params = qwen3_5.init_params(base, key)
   tokens = jax.random.randint(key, (args.batch, args.seq), 0, base.vocab_size)
@@ -62,7 +65,8 @@ def main():
       a["t_fwd"].append(time.perf_counter() - t0)
   ref = arms[min(arms)]
   ref_step, ref_fwd = np.median(ref["t_step"]), np.median(ref["t_fwd"])
-  print(f"tiny default's model, batch {args.batch} x {args.seq} tokens, {jax.device_count()} "
+  print(f"tiny default's model, batch {args.batch} x {args.seq} tokens, query chunk "
+        f"{args.query_chunk or 'off'}, {jax.device_count()} "
         f"{jax.devices()[0].platform} device(s), median of {args.rounds} interleaved rounds")
   for b, a in arms.items():
     s, f = np.median(a["t_step"]), np.median(a["t_fwd"])

@@ -128,10 +128,21 @@ def _attend_causal_blocks(q, k, v, block: int, cfg: ModelConfig, offset: int = 0
 
 def _attend_causal(q, k, v, cfg: ModelConfig, offset: int = 0):
   """Causal attention of q (at key positions offset + [0, t)) over k, v, by the config's
-  strategy: query chunks (bounded memory), causal blocks (skipped upper triangle) or one block."""
+  strategy: query chunks (bounded memory), causal blocks (skipped upper triangle), both (causal
+  blocks of query chunks) or one block."""
   t = q.shape[1]
   chunk, block = cfg.attention_query_chunk, cfg.attention_causal_block
   if chunk and t > chunk:
+    if block and t > block:
+      # Both: each causal block is a map over its query chunks against the keys up to the
+      # block's end, so memory stays O(chunk x seq) and the work drops to (n + 1) / 2n.
+      outs = []
+      for start in range(0, t, block):
+        stop = min(start + block, t)
+        seen = offset + stop
+        outs.append(_attend_query_chunks(q[:, start:stop], k[:, :seen], v[:, :seen], chunk, cfg,
+                                         offset + start))
+      return jnp.concatenate(outs, axis=1)
     return _attend_query_chunks(q, k, v, chunk, cfg, offset)
   if block and t > block:
     return _attend_causal_blocks(q, k, v, block, cfg, offset)

@@ -120,7 +120,8 @@ def test_query_chunked_and_causal_block_extend_match_one_block(model):
                                                    cache={"k": kv, "v": kv}))(p, x[:, :30])
   whole = jax.jit(lambda p, x: attention.forward(p, x, pos, cfg)[0])(p, x)[:, 30:]
   # 45 queries = 2 blocks + a padded one (query chunks) or a short one (causal blocks).
-  for c in (cfg, cfg.replace(attention_query_chunk=16), cfg.replace(attention_causal_block=16)):
+  for c in (cfg, cfg.replace(attention_query_chunk=16), cfg.replace(attention_causal_block=16),
+            cfg.replace(attention_query_chunk=8, attention_causal_block=24)):
     out = jax.jit(lambda p, x, cache, c=c: attention.extend(p, x, pos[:, 30:], cache, c)[0])(
         p, x[:, 30:], cache)
     np.testing.assert_allclose(out, whole, atol=1e-5)
@@ -280,13 +281,14 @@ def test_corrupt_shard_is_reported(saved):
     qwen3_5.load_hf(path)
 
 
-@pytest.mark.parametrize("knob", ["attention_query_chunk", "attention_causal_block"])
-def test_blocked_attention_matches_one_block(model, knob):
+@pytest.mark.parametrize("knobs", [dict(attention_query_chunk=16), dict(attention_causal_block=16),
+                                   dict(attention_query_chunk=8, attention_causal_block=24)])
+def test_blocked_attention_matches_one_block(model, knobs):
   cfg, params = model
   p = jax.tree.map(lambda a: a[0], params["blocks"][3]["mixer"])   # the attention layer
   x = jax.random.normal(jax.random.key(4), (2, 45, cfg.hidden_size))
   pos = jnp.broadcast_to(jnp.arange(45), (2, 45))
-  chunked = cfg.replace(**{knob: 16})  # 45 = 2 full blocks + a partial one
+  chunked = cfg.replace(**knobs)  # 45 = 2 full blocks + a partial one (or 24 + 21 in chunks of 8)
 
   def loss(c, p, x):
     return jnp.sum(jnp.sin(attention.forward(p, x, pos, c)[0]))
