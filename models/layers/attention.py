@@ -106,48 +106,31 @@ def _attend_query_chunks(q, k, v, chunk: int, cfg: ModelConfig, offset: int = 0)
   return jnp.moveaxis(out, 0, 1).reshape(b, n * chunk, nh, hd)[:, :t]
 
 
-def _attend_causal_blocks(q, k, v, block: int, cfg: ModelConfig, offset: int = 0):
-  """Causal attention, queries in blocks of `block`, each block scored only against the keys
-  up to its last query.
+def _attend_causal(q, k, v, cfg: ModelConfig, offset: int = 0):
+  """Causal attention of q [b, t, heads, hd] (at key positions offset + [0, t)) over k, v.
 
-  The scores above the diagonal blocks, masked away anyway, are never computed: with n blocks
-  the score work and memory are (n + 1) / 2n of the full [seq, seq] square, in the forward and
-  the backward pass. Exact: each block's softmax runs over every key its queries may see. The
-  blocks differ in shape, so they are unrolled (n einsum pairs in the program).
-  Query i sits at position offset + i of the keys (offset > 0: keys of a cached prefix first).
+  `attention_causal_block` (0 or >= t: one block) splits the queries into blocks, each scored
+  only against the keys up to its last query: the scores above the diagonal blocks, masked away
+  anyway, are never computed, so with n blocks the score work is (n + 1) / 2n of the square.
+  The blocks differ in shape, so they are unrolled (n einsum pairs in the program). Within a
+  block longer than `attention_query_chunk` (> 0), the queries go one chunk at a time
+  (`_attend_query_chunks`: memory O(chunk x seq)). Exact either way: each softmax runs over every
+  key its queries may see.
   """
   t = q.shape[1]
+  chunk = cfg.attention_query_chunk
+  block = cfg.attention_causal_block if 0 < cfg.attention_causal_block < t else t
   outs = []
   for start in range(0, t, block):
     stop = min(start + block, t)
     seen = offset + stop
-    mask = (offset + jnp.arange(start, stop))[:, None] >= jnp.arange(seen)[None, :]
-    outs.append(_attend(q[:, start:stop], k[:, :seen], v[:, :seen], mask[None], cfg))
-  return jnp.concatenate(outs, axis=1)
-
-
-def _attend_causal(q, k, v, cfg: ModelConfig, offset: int = 0):
-  """Causal attention of q (at key positions offset + [0, t)) over k, v, by the config's
-  strategy: query chunks (bounded memory), causal blocks (skipped upper triangle), both (causal
-  blocks of query chunks) or one block."""
-  t = q.shape[1]
-  chunk, block = cfg.attention_query_chunk, cfg.attention_causal_block
-  if chunk and t > chunk:
-    if block and t > block:
-      # Both: each causal block is a map over its query chunks against the keys up to the
-      # block's end, so memory stays O(chunk x seq) and the work drops to (n + 1) / 2n.
-      outs = []
-      for start in range(0, t, block):
-        stop = min(start + block, t)
-        seen = offset + stop
-        outs.append(_attend_query_chunks(q[:, start:stop], k[:, :seen], v[:, :seen], chunk, cfg,
-                                         offset + start))
-      return jnp.concatenate(outs, axis=1)
-    return _attend_query_chunks(q, k, v, chunk, cfg, offset)
-  if block and t > block:
-    return _attend_causal_blocks(q, k, v, block, cfg, offset)
-  causal = (offset + jnp.arange(t))[:, None] >= jnp.arange(k.shape[1])[None, :]
-  return _attend(q, k, v, causal[None], cfg)
+    q_i, k_i, v_i = q[:, start:stop], k[:, :seen], v[:, :seen]
+    if chunk and stop - start > chunk:
+      outs.append(_attend_query_chunks(q_i, k_i, v_i, chunk, cfg, offset + start))
+    else:
+      mask = (offset + jnp.arange(start, stop))[:, None] >= jnp.arange(seen)[None, :]
+      outs.append(_attend(q_i, k_i, v_i, mask[None], cfg))
+  return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
 
 def _output(p, out, gate, cfg: ModelConfig):

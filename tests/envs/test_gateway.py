@@ -1,5 +1,8 @@
 """The MCP gateway of a world: tool schemas, path confinement, limits, error kinds, reset."""
+import json
 import os
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -130,9 +133,6 @@ def test_local_gateway_matches_mcp(world, envs_cfg):
 
 @pytest.mark.parametrize("quiet", [False, True])
 def test_server_announces_isolation_on_stderr_unless_quiet(world, envs_cfg, quiet):
-  import json
-  import subprocess
-  import sys
   _, inst, _ = world
   cmd = [sys.executable, "-m", "envs.apps.server", "--world_dir", inst.path,
          "--envs_json", json.dumps(envs_cfg.to_dict())] + (["--quiet"] if quiet else [])
