@@ -1,8 +1,9 @@
-"""One entry point: --mode = model | sft | rl | eval | serve | plan.
+"""One entry point: --mode = model | sft | rl | eval | serve | plan | pass_rates.
 
   python launch.py --config=configs/tiny_cpu.py --config.model.hidden_size=128 --mode=model
   python launch.py --config=configs/tiny_cpu.py --mode=rl            # SFT warm start, then RL
   python launch.py --config=configs/tiny_cpu.py --mode=rl --sweep=configs/sweeps/loss_reduction.py [--dry_run]
+  python launch.py --config=configs/tiny_cpu.py --mode=pass_rates   # train tasks' pass rates, for loop.train_pass_range
 
 Configs are ml_collections files with a `get_config(arg)`; any field can be overridden from the
 command line, and an unknown key is an error naming it.
@@ -18,7 +19,7 @@ from ml_collections import config_flags
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/tiny_cpu.py", "Config file, optionally with `:arg`.", lock_config=True)
 _MODE = flags.DEFINE_enum(
-    "mode", "model", ["model", "sft", "rl", "eval", "serve", "plan"], "What to run.")
+    "mode", "model", ["model", "sft", "rl", "eval", "serve", "plan", "pass_rates"], "What to run.")
 _PORT = flags.DEFINE_integer("port", 9000, "gRPC port for --mode=serve.")
 _SWEEP = flags.DEFINE_string(
     "sweep", None, "Sweep file (configs/sweeps/X.py[:arg]) whose get_sweep() lists override "
@@ -34,6 +35,7 @@ _MODES = {
     "serve": "rl.rollout.serve:main",
     "sft": "rl.loop:main_sft",
     "rl": "rl.loop:main_rl",
+    "pass_rates": "rl.pass_rates:main",
 }
 
 

@@ -158,6 +158,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Optimizer (optax AdamW).
   c.optim = ml_collections.ConfigDict()
+  c.optim.name = "adamw"             # RL optimizer: adamw | sgd (momentum b1; rl/train_step.py says why)
   c.optim.lr = 1e-6                  # peak learning rate
   c.optim.b1 = 0.9                   # Adam beta1
   c.optim.b2 = 0.98                  # Adam beta2
@@ -264,7 +265,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.sft = ml_collections.ConfigDict()
   c.sft.steps = 0                    # optimizer steps of the warm start; 0 = no SFT before RL
   c.sft.batch_size = 8               # trajectories per SFT step
-  c.sft.lr = 1e-5                    # peak learning rate (AdamW; other optim.* knobs shared)
+  c.sft.lr = 1e-5                    # peak learning rate (AdamW whatever optim.name; other optim.* knobs shared)
   c.sft.warmup_steps = 10            # linear warmup, then sft.schedule
   c.sft.schedule = "cosine"          # after warmup: cosine (to 10% of lr) | constant
   c.sft.max_tasks = 0                # oracle trajectories collected from the first N train tasks; 0 = all
@@ -286,6 +287,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.loop = ml_collections.ConfigDict()
   c.loop.levels = (1, 2, 3)          # task levels sampled for training (train split)
   c.loop.families = ()               # task families sampled for training; () = all (eval: always all)
+  c.loop.train_pass_rates = ""       # JSON of train tasks' pass rates under the starting policy (--mode=pass_rates writes it)
+  c.loop.train_pass_range = ()       # (lo, hi): train only on tasks whose measured rate r has lo <= r <= hi; () = all
+  c.loop.pass_rate_samples = 4       # --mode=pass_rates: rollouts per train task
+  c.loop.pass_rate_max_tasks = 0     # --mode=pass_rates: the first N train tasks; 0 = all
   c.loop.tools = ()                  # tools shown to the policy; () = every tool of the world
   c.loop.tool_schema = "full"        # tool JSON in the system turn: full (as served) | compact (name + required params)
   c.loop.sft_first = True            # --mode=rl starts from the SFT checkpoint, training it first if missing

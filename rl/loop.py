@@ -117,6 +117,47 @@ def select_tasks(config, split: str, levels: Sequence[int], max_tasks: int = 0,
   return out[:max_tasks] if max_tasks else out
 
 
+def read_pass_rates(path: str) -> dict:
+  """task id -> measured pass rate, from the JSON --mode=pass_rates writes."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"loop.train_pass_rates={path!r} is not a file (--mode=pass_rates "
+                            "writes one)")
+  with open(path, encoding="utf-8") as f:
+    try:
+      d = json.load(f)
+      return {str(k): float(v) for k, v in d["pass_rate"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+      raise ValueError(f"loop.train_pass_rates={path!r} is not a pass-rate file of "
+                       f"--mode=pass_rates ({type(e).__name__}: {e})") from e
+
+
+def train_pool(config) -> list:
+  """The train tasks RL samples from: loop.levels and loop.families of the train split, then,
+  with loop.train_pass_range = (lo, hi), only the tasks whose pass rate measured under the
+  starting policy (loop.train_pass_rates) lies in [lo, hi]. Tasks the policy always or never
+  passes give groups without signal; dropping them beforehand (offline difficulty filtering)
+  puts a step's rollouts on tasks that teach. Tasks the file does not rate are dropped too."""
+  tasks = select_tasks(config, "train", config.loop.levels, families=tuple(config.loop.families))
+  rng = tuple(config.loop.train_pass_range)
+  if not rng:
+    return tasks
+  if len(rng) != 2 or not 0.0 <= float(rng[0]) <= float(rng[1]) <= 1.0:
+    raise ValueError(f"loop.train_pass_range must be () or (lo, hi) with 0 <= lo <= hi <= 1, "
+                     f"got {rng}")
+  if not config.loop.train_pass_rates:
+    raise ValueError("loop.train_pass_range is set but loop.train_pass_rates names no file")
+  rates = read_pass_rates(config.loop.train_pass_rates)
+  lo, hi = float(rng[0]), float(rng[1])
+  kept = [t for t in tasks if t.id in rates and lo <= rates[t.id] <= hi]
+  rated = sum(t.id in rates for t in tasks)
+  if not kept:
+    raise ValueError(f"no train task has a measured pass rate in [{lo}, {hi}] "
+                     f"({rated} of {len(tasks)} rated in {config.loop.train_pass_rates})")
+  print(f"train pool: {len(kept)} of {len(tasks)} train tasks ({rated} rated) with a measured "
+        f"pass rate in [{lo:g}, {hi:g}]", flush=True)
+  return kept
+
+
 def make_episodes(tasks, config, samples_per_task: int = 1, first_group: int = 0,
                   seed_offset: int = 0, temperature: Optional[float] = None) -> list:
   """Harness episodes for `tasks` (one group per task), worlds restricted to loop.tools;
@@ -336,6 +377,7 @@ def sft_optimizer(config):
   from rl.train_step import make_optimizer
   optim = config.optim.copy_and_resolve_references()
   with optim.unlocked():
+    optim.name = "adamw"
     optim.lr = config.sft.lr
     optim.warmup_steps = config.sft.warmup_steps
     optim.schedule = config.sft.schedule
@@ -605,6 +647,21 @@ def _quiet_logs():
     absl_logging.set_verbosity(absl_logging.WARNING)
 
 
+def start_params(config, shardings=None, metrics: Optional[Metrics] = None):
+  """The weights RL starts from: the SFT result (trained first when there is none yet and
+  loop.sft_first asks for it), else config.train.init_from, else None (the seeded init)."""
+  params = None
+  if config.loop.sft_first and config.sft.steps:
+    params = load_params(sft_dir(config), config, shardings)
+    if params is None:
+      params = run_sft(config, metrics)
+    else:
+      print(f"SFT params from {sft_dir(config)}", flush=True)
+  if params is None and config.train.init_from:
+    params = init_params(config, shardings)
+  return params
+
+
 def main_sft(config, flags=None):
   del flags
   _quiet_logs()
@@ -761,21 +818,12 @@ def run_rl(config, flags=None) -> dict:
     print(f"resumed from checkpoint step {start_step} in {ckpt.directory}", flush=True)
   else:
     start_step = 0
-    params = None
-    if config.loop.sft_first and config.sft.steps:
-      params = load_params(sft_dir(config), config, step_fn.state_shardings["params"])
-      if params is None:
-        params = run_sft(config, metrics)
-      else:
-        print(f"SFT params from {sft_dir(config)}", flush=True)
-    if params is None and config.train.init_from:
-      params = init_params(config, step_fn.state_shardings["params"])
+    params = start_params(config, step_fn.state_shardings["params"], metrics)
     state = step_fn.init_state(jax.random.key(config.seed))
     if params is not None:
       state = _with_params(step_fn, state, params)
 
-  train_tasks = select_tasks(config, "train", config.loop.levels,
-                             families=tuple(config.loop.families))
+  train_tasks = train_pool(config)
   eval_tasks = select_tasks(config, "eval", config.loop.eval_levels, config.loop.eval_max_tasks)
   stream = TaskStream(train_tasks, config.seed, meta.get("data_position", 0))
 

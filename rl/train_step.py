@@ -65,14 +65,33 @@ def make_schedule(optim: ml_collections.ConfigDict, total_steps: int) -> optax.S
   return optax.join_schedules([optax.linear_schedule(0.0, optim.lr, warmup), after], [warmup])
 
 
+OPTIMIZERS = ("adamw", "sgd")
+
+
 def make_optimizer(optim: ml_collections.ConfigDict, total_steps: int) -> optax.GradientTransformation:
-  """AdamW (betas, eps, decoupled weight decay) after global-norm gradient clipping."""
+  """Global-norm gradient clipping, then `optim.name`: AdamW (betas, eps, decoupled weight
+  decay) or SGD with momentum b1 and the same decoupled weight decay.
+
+  Why SGD is offered: Adam divides each coordinate by its own running RMS, so in its first
+  steps every weight moves by about the learning rate whatever its gradient (step 1 is a sign
+  step). With a few informative groups a step, most coordinates' gradients are noise, and Adam
+  moves them as far as the ones that carry the signal; SGD moves each in proportion to its
+  gradient."""
+  name = optim.get("name", "adamw")
+  if name not in OPTIMIZERS:
+    raise ValueError(f"unknown optim.name {name!r}; use one of {OPTIMIZERS}")
   parts = []
   if optim.grad_clip:
     parts.append(optax.clip_by_global_norm(optim.grad_clip))
-  parts.append(optax.adamw(make_schedule(optim, total_steps), b1=optim.b1, b2=optim.b2,
-                           eps=optim.eps, weight_decay=optim.weight_decay,
-                           mu_dtype=jnp.dtype(optim.mu_dtype)))
+  schedule = make_schedule(optim, total_steps)
+  if name == "adamw":
+    parts.append(optax.adamw(schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps,
+                             weight_decay=optim.weight_decay, mu_dtype=jnp.dtype(optim.mu_dtype)))
+  else:
+    if optim.weight_decay:
+      parts.append(optax.add_decayed_weights(optim.weight_decay))
+    parts.append(optax.sgd(schedule, momentum=optim.b1 or None,
+                           accumulator_dtype=jnp.dtype(optim.mu_dtype)))
   return optax.chain(*parts)
 
 

@@ -377,6 +377,53 @@ def test_families_filter_keeps_only_the_named_train_families_and_rejects_unknown
     loop.select_tasks(c, "train", c.loop.levels, families=("docs_lookup",))
 
 
+def _rates_file(tmp_path, rates: dict) -> str:
+  path = str(tmp_path / "rates.json")
+  with open(path, "w") as f:
+    json.dump({"pass_rate": rates, "samples_per_task": 4}, f)
+  return path
+
+
+def test_train_pool_keeps_only_tasks_whose_measured_pass_rate_is_in_range(tmp_path):
+  c = tiny_cpu.get_config()
+  every = loop.select_tasks(c, "train", c.loop.levels)
+  rates = {t.id: [0.0, 0.25, 0.5, 1.0][i % 4] for i, t in enumerate(every[:40])}
+  with c.unlocked():
+    c.loop.train_pass_rates = _rates_file(tmp_path, rates)
+  assert [t.id for t in loop.train_pool(c)] == [t.id for t in every]   # no range: every task
+  c.loop.train_pass_range = (0.2, 0.8)
+  kept = loop.train_pool(c)
+  # In range and in split order; tasks the file does not rate are dropped with the rest.
+  assert [t.id for t in kept] == [t.id for t in every[:40] if 0.2 <= rates[t.id] <= 0.8]
+  assert len(kept) == 20
+
+
+def test_train_pool_filter_names_each_bad_setting(tmp_path):
+  c = tiny_cpu.get_config()
+  c.loop.train_pass_range = (0.2, 0.8)
+  with pytest.raises(ValueError, match="names no file"):
+    loop.train_pool(c)
+  c.loop.train_pass_rates = str(tmp_path / "missing.json")
+  with pytest.raises(FileNotFoundError, match="mode=pass_rates"):
+    loop.train_pool(c)
+  (tmp_path / "bad.json").write_text('{"rates": {}}')
+  c.loop.train_pass_rates = str(tmp_path / "bad.json")
+  with pytest.raises(ValueError, match="not a pass-rate file"):
+    loop.train_pool(c)
+  c.loop.train_pass_rates = _rates_file(tmp_path, {"train-none-000": 0.5})
+  with pytest.raises(ValueError, match="no train task has a measured pass rate"):
+    loop.train_pool(c)
+  c.loop.train_pass_range = (0.8, 0.2)
+  with pytest.raises(ValueError, match="lo <= hi"):
+    loop.train_pool(c)
+
+
+def test_pass_rate_histogram_counts_tasks_by_passing_rollouts():
+  from rl import pass_rates
+  hist = pass_rates.histogram({"a": 0.0, "b": 0.25, "c": 0.25, "d": 1.0}, 4)
+  assert hist == {"0": 1, "1": 2, "2": 0, "3": 0, "4": 1}
+
+
 def test_tiny_config_variants_build_the_base_in_two_stages_on_content_copy_rows():
   base_v, copy_v = tiny_cpu.get_config("base"), tiny_cpu.get_config("copy")
   # Stage 1 is drill-only from a random init; stage 2 starts from its export.
@@ -458,6 +505,15 @@ def test_launch_sweep_dry_run_prints_the_jobs():
                         "--dry_run"], cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.count("--config.rl.loss_reduction=") == 4
+
+
+def test_launch_pass_rates_mode_needs_a_file_to_write():
+  import subprocess
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "launch.py"), "--mode=pass_rates",
+                        "--config=" + os.path.join(ROOT, "configs/tiny_cpu.py")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert out.returncode != 0
+  assert "set it to a path" in out.stderr and "loop.train_pass_rates" in out.stderr
 
 
 def test_summary_format_and_improvement_rule():

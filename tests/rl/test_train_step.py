@@ -252,3 +252,20 @@ def test_optimizer_schedule():
                              atol=1e-6)
   c = tu.small_config(**{"optim.schedule": "constant"})
   assert float(ts.make_schedule(c.optim, 10)(7)) == c.optim.lr
+
+
+def test_sgd_moves_each_weight_in_proportion_to_its_gradient_where_adamw_takes_a_sign_step():
+  grads = {"w": jnp.array([1e-4, 1e-2, 1.0])}
+  params = {"w": jnp.zeros(3)}
+  moved = {}
+  for name in ("adamw", "sgd"):
+    c = tu.small_config(**{"optim.name": name, "optim.lr": 0.1, "optim.grad_clip": 0.0,
+                           "optim.eps": 1e-8, "optim.weight_decay": 0.0})
+    tx = ts.make_optimizer(c.optim, 10)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    moved[name] = np.asarray(updates["w"])
+  np.testing.assert_allclose(moved["adamw"], [-0.1, -0.1, -0.1], rtol=1e-3)
+  np.testing.assert_allclose(moved["sgd"], [-1e-5, -1e-3, -0.1], rtol=1e-5)
+  c = tu.small_config(**{"optim.name": "lion"})
+  with pytest.raises(ValueError, match="unknown optim.name 'lion'"):
+    ts.make_optimizer(c.optim, 10)
