@@ -18,6 +18,7 @@ progress bars with ETA. Everything is synchronous: rollouts of step k use the pa
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -560,8 +561,9 @@ def save_params(directory: str, params, meta: dict, step: int = 0) -> None:
   ck.close()
 
 
-def load_params(directory: str, config, shardings=None):
-  """The params saved by `save_params`, or None when there are none.
+def load_params(directory: str, config, shardings=None, with_meta: bool = False):
+  """The params saved by `save_params`, or None when there are none ((params, meta) or
+  (None, None) with `with_meta`).
 
   `shardings` (a Sharding per param, e.g. the train step's) places them on this run's devices;
   without it every param goes to this process's first device. A target with shardings is what lets a
@@ -592,7 +594,29 @@ def load_params(directory: str, config, shardings=None):
                        f"away (or set config.sft.dir) to train anew.")
   finally:
     ck.close()
-  return None if out is None else out[1]["params"]
+  params, meta = (None, None) if out is None else (out[1]["params"], out[2])
+  return (params, meta) if with_meta else params
+
+
+def start_fingerprint(config) -> str:
+  """What an SFT run starts from: train.init_from's files (names, sizes, and the first and last
+  MiB of each, so a release of many GB costs a few reads) or the seeded random init."""
+  path = config.train.init_from
+  if not path:
+    return f"random-init-seed-{int(config.seed)}"
+  h = hashlib.sha256()
+  for name in sorted(os.listdir(path)):
+    f = os.path.join(path, name)
+    if not os.path.isfile(f):
+      continue
+    size = os.path.getsize(f)
+    h.update(f"{name}:{size};".encode())
+    with open(f, "rb") as fh:
+      h.update(fh.read(1 << 20))
+      if size > 2 << 20:
+        fh.seek(-(1 << 20), os.SEEK_END)
+        h.update(fh.read())
+  return h.hexdigest()[:16]
 
 
 def run_sft(config, metrics: Optional[Metrics] = None):
@@ -625,8 +649,12 @@ def run_sft(config, metrics: Optional[Metrics] = None):
   from models import qwen3_5
   model_cfg = qwen3_5.config_from_dict(config.model)
 
+  # Recorded with the saves: a later run reuses them only if it starts from the same weights.
+  start = start_fingerprint(config)
+
   def export(step, params):
-    save_params(sft_dir(config), params, {"steps": int(step), "episodes": len(ok)}, step)
+    save_params(sft_dir(config), params, {"steps": int(step), "episodes": len(ok),
+                                          "start": start}, step)
     if config.sft.export_hf:
       qwen3_5.save_hf(model_cfg, params, config.sft.export_hf)
 
@@ -652,11 +680,20 @@ def start_params(config, shardings=None, metrics: Optional[Metrics] = None):
   loop.sft_first asks for it), else config.train.init_from, else None (the seeded init)."""
   params = None
   if config.loop.sft_first and config.sft.steps:
-    params = load_params(sft_dir(config), config, shardings)
+    params, meta = load_params(sft_dir(config), config, shardings, with_meta=True)
     if params is None:
       params = run_sft(config, metrics)
     else:
-      print(f"SFT params from {sft_dir(config)}", flush=True)
+      saved, now = (meta or {}).get("start"), start_fingerprint(config)
+      if saved is not None and saved != now:
+        # Reusing them would report an SFT start that is not this config's (e.g. after the
+        # base checkpoint changed); nothing saved is removed.
+        raise ValueError(
+            f"{sft_dir(config)} holds SFT params trained from another start than "
+            f"train.init_from={config.train.init_from!r} (saved from {saved}, now {now}): "
+            f"move the directory away, or set config.sft.dir, to train anew")
+      note = "" if saved else " (saved without a record of their start)"
+      print(f"SFT params from {sft_dir(config)}{note}", flush=True)
   if params is None and config.train.init_from:
     params = init_params(config, shardings)
   return params

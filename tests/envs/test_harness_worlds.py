@@ -11,6 +11,7 @@ import signal
 
 import pytest
 
+from configs import base
 from configs import tiny_cpu
 from envs import tasks as tasks_lib
 from envs import worlds
@@ -28,6 +29,7 @@ SAMPLE_WORLDS = {"eval": ("in00", "co00"), "train": ("ma03",)}
 def _config(tmp_root):
   c = tiny_cpu.get_config()
   c.envs.worlds_root = str(tmp_root)
+  c.envs.level_weights = base.get_config().envs.level_weights  # every level's families
   c.train.max_context = 16384
   c.harness.max_tokens_per_turn = 1024
   c.harness.max_turns = 20           # the longest oracle plan has a handful of steps

@@ -306,6 +306,40 @@ def test_save_params_keeps_the_newest_save_and_load_params_returns_it(tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_start_fingerprint_follows_the_starting_weights(tmp_path):
+  c = tiny_cpu.get_config()
+  base = tmp_path / "base"
+  base.mkdir()
+  (base / "config.json").write_text("{}")
+  blob = bytearray(3 << 20)                       # > 2 MiB: head and tail are read
+  (base / "model.safetensors").write_bytes(bytes(blob))
+  with c.unlocked():
+    c.train.init_from = str(base)
+  first = loop.start_fingerprint(c)
+  assert loop.start_fingerprint(c) == first
+  blob[-1] = 1                                    # a change in the last MiB
+  (base / "model.safetensors").write_bytes(bytes(blob))
+  assert loop.start_fingerprint(c) != first
+  c.train.init_from = ""
+  assert loop.start_fingerprint(c) == f"random-init-seed-{c.seed}"
+
+
+def test_sft_params_saved_from_another_start_are_refused_not_reused(tmp_path):
+  import jax
+  c = tiny_cpu.get_config()
+  with c.unlocked():
+    c.train.init_from = ""
+    c.sft.dir = str(tmp_path / "sft")
+  params = loop.init_params(c)
+  loop.save_params(c.sft.dir, params, {"steps": 4, "start": "another-base"}, 4)
+  with pytest.raises(ValueError, match="trained from another start"):
+    loop.start_params(c)
+  assert os.path.isdir(os.path.join(c.sft.dir, "4"))          # nothing saved is removed
+  loop.save_params(c.sft.dir, params, {"steps": 5, "start": loop.start_fingerprint(c)}, 5)
+  got = loop.start_params(c)
+  assert jax.tree.structure(got) == jax.tree.structure(params)
+
+
 _SAVE_ON_16_DEVICES = """
 import sys
 sys.path.insert(0, sys.argv[1])
