@@ -604,6 +604,8 @@ def start_fingerprint(config) -> str:
   path = config.train.init_from
   if not path:
     return f"random-init-seed-{int(config.seed)}"
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"config.train.init_from={path!r} is not a directory")
   h = hashlib.sha256()
   for name in sorted(os.listdir(path)):
     f = os.path.join(path, name)

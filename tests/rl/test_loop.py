@@ -322,6 +322,9 @@ def test_start_fingerprint_follows_the_starting_weights(tmp_path):
   assert loop.start_fingerprint(c) != first
   c.train.init_from = ""
   assert loop.start_fingerprint(c) == f"random-init-seed-{c.seed}"
+  c.train.init_from = str(tmp_path / "missing")
+  with pytest.raises(FileNotFoundError, match="is not a directory"):
+    loop.start_fingerprint(c)
 
 
 def test_sft_params_saved_from_another_start_are_refused_not_reused(tmp_path):
