@@ -3,8 +3,8 @@
 `make run` = `launch.py --mode=rl` on this config: SFT on the oracle's level-1 train
 trajectories, starting from the shipped tiny base checkpoint (assets/tiny_base), then GRPO on
 level-1 train tasks, with a held-out eval (all 480 tasks of the eval split, level 1 like the
-train split, in 9 eval worlds none of which training sees) before and after RL. Level 1 = one named source, one tool
-call, one answer.
+train split, in 9 eval worlds none of which training sees) before and after RL. Level 1 = one
+named source, one tool call, one answer.
 
 The base checkpoint plays the part the Qwen3.5 release plays for the full-size configs: the
 weights the post-training starts from. It is built in two stages (README, "The tiny base

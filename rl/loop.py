@@ -17,6 +17,7 @@ progress bars with ETA. Everything is synchronous: rollouts of step k use the pa
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -306,6 +307,25 @@ def run_pool(pool, episodes, config, desc: str):
       bar.update(1)
       bar.set_postfix(pass_rate=f"{np.mean(passed):.3f}", refresh=False)
     return pool.run(episodes, on_result=on_result)
+
+
+@contextlib.contextmanager
+def served_policy(config, params):
+  """A JetStream rollout server for `params` in this process and an agent pool whose policy is
+  that server: yields (server, cfg, pool), cfg being `config` with rollout.address pointing at
+  the server. The pool and then the server stop on exit."""
+  from envs.harness.pool import AgentPool
+  from rl.rollout.client import jetstream_policy_factory
+  from rl.rollout.serve import build_server
+  server = build_server(config, params=params, port=0)
+  try:
+    cfg = config.copy_and_resolve_references()
+    with cfg.unlocked():
+      cfg.rollout.address = server.address
+    with AgentPool.from_config(cfg, jetstream_policy_factory(cfg)) as pool:
+      yield server, cfg, pool
+  finally:
+    server.stop()
 
 
 def collect_oracle(config, tasks) -> list:
@@ -834,11 +854,8 @@ def run_rl(config, flags=None) -> dict:
   """The whole RL run; returns the summary written to runs/<name>/summary.json."""
   import jax
   from envs import worlds
-  from envs.harness.pool import AgentPool
   from models import sharding as shd
   from rl.checkpoint import Checkpointer
-  from rl.rollout.client import jetstream_policy_factory
-  from rl.rollout.serve import build_server
   from rl.train_step import TrainStep
 
   t_start = time.monotonic()
@@ -866,15 +883,11 @@ def run_rl(config, flags=None) -> dict:
   eval_tasks = select_tasks(config, "eval", config.loop.eval_levels, config.loop.eval_max_tasks)
   stream = TaskStream(train_tasks, config.seed, meta.get("data_position", 0))
 
-  # The engine copies the weights device to device (rl/rollout/engine.py, _place).
-  server = build_server(config, params=state["params"], port=0)
-  cfg = config.copy_and_resolve_references()
-  with cfg.unlocked():
-    cfg.rollout.address = server.address
   summary_path = os.path.join(rdir, "summary.json")
   summary = dict(meta.get("summary") or {})
   try:
-    with AgentPool.from_config(cfg, jetstream_policy_factory(cfg)) as pool:
+    # The engine copies the weights device to device (rl/rollout/engine.py, _place).
+    with served_policy(config, state["params"]) as (server, cfg, pool):
       if "before_rl" not in summary:
         s = _evaluate(pool, cfg, eval_tasks, 0, "before RL")
         summary["before_rl"] = s
@@ -912,7 +925,6 @@ def run_rl(config, flags=None) -> dict:
       summary["after_rl"] = s
       metrics.write(steps, "eval", _eval_scalars(s))
   finally:
-    server.stop()
     metrics.close()
   ckpt.close()
   out = _finish(summary, config, eval_tasks)

@@ -25,22 +25,11 @@ _SEED_OFFSET = 1_000_003
 def measure(config, tasks, samples: int) -> dict:
   """task id -> pass rate over `samples` rollouts of the starting policy."""
   from envs import worlds
-  from envs.harness.pool import AgentPool
   from rl import loop
-  from rl.rollout.client import jetstream_policy_factory
-  from rl.rollout.serve import build_server
   worlds.ensure_worlds(config.envs)
-  params = loop.start_params(config)
-  server = build_server(config, params=params, port=0)
-  cfg = config.copy_and_resolve_references()
-  with cfg.unlocked():
-    cfg.rollout.address = server.address
-  try:
-    with AgentPool.from_config(cfg, jetstream_policy_factory(cfg)) as pool:
-      eps = loop.make_episodes(tasks, cfg, samples, seed_offset=_SEED_OFFSET)
-      results = loop.run_pool(pool, eps, cfg, "train pass rates")
-  finally:
-    server.stop()
+  with loop.served_policy(config, loop.start_params(config)) as (_, cfg, pool):
+    eps = loop.make_episodes(tasks, cfg, samples, seed_offset=_SEED_OFFSET)
+    results = loop.run_pool(pool, eps, cfg, "train pass rates")
   return loop.summarize_eval(results, tasks, resamples=1)["per_task_pass"]
 
 

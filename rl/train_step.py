@@ -77,7 +77,7 @@ def make_optimizer(optim: ml_collections.ConfigDict, total_steps: int) -> optax.
   step). With a few informative groups a step, most coordinates' gradients are noise, and Adam
   moves them as far as the ones that carry the signal; SGD moves each in proportion to its
   gradient."""
-  name = optim.get("name", "adamw")
+  name = optim.name
   if name not in OPTIMIZERS:
     raise ValueError(f"unknown optim.name {name!r}; use one of {OPTIMIZERS}")
   parts = []
