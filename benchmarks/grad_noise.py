@@ -72,6 +72,24 @@ def noise_scale(g: np.ndarray, splits: int = 200, resamples: int = 2000, seed: i
           "half_cos": float(np.mean(cos)), "half_cos_sd": float(np.std(cos))}
 
 
+def module_slices(params) -> dict:
+  """module name -> index array into the raveled parameter vector (ravel_pytree's order):
+  embed, final_norm, and per block its mixer (attention or Gated DeltaNet), ffn (MoE) and
+  norms."""
+  import jax
+  out: dict = {}
+  start = 0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    keys = [getattr(k, "key", getattr(k, "idx", k)) for k in path]
+    if keys[0] == "blocks":
+      name = f"block{keys[1]}/{keys[2] if keys[2] in ('mixer', 'ffn') else 'norms'}"
+    else:
+      name = str(keys[0])
+    out.setdefault(name, []).append(np.arange(start, start + leaf.size))
+    start += leaf.size
+  return {k: np.concatenate(v) for k, v in out.items()}
+
+
 def per_group_grads(step_fn, params, batch) -> tuple[np.ndarray, list]:
   """[n_live, params] float64 gradients of the step's loss, one informative group each."""
   import jax
@@ -100,6 +118,8 @@ def main():
                   help="draw the prompts (with repeats) from this many train tasks; 0 = all, no repeats")
   ap.add_argument("--sft_dir", default="", help="orbax params dir (loop.save_params); '' = init_from")
   ap.add_argument("--set", action="append", default=[], help="key=value config override")
+  ap.add_argument("--by_module", action="store_true",
+                  help="also the estimates restricted to each module's parameters")
   ap.add_argument("--save", default="", help="write the per-group Gram matrix and group families (.npz)")
   args = ap.parse_args()
 
@@ -171,6 +191,15 @@ def main():
         f"{8 / b:.3f}, at most {1 / lo:.3f} / {2 / lo:.3f} / {8 / lo:.3f}")
   print(f"cosine of two disjoint halves' mean gradients ({r['n'] // 2} groups each): "
         f"{r['half_cos']:.3f} (sd {r['half_cos_sd']:.3f} over splits)")
+  if args.by_module:
+    # Where in the network the expected gradient lives: a module whose parameters carry
+    # signal above their noise would show a small B_noise and a positive halves' cosine.
+    print(f"\n{'module':<16} {'params':>7} {'tr(cov) share':>13} {'B_noise':>9} {'>= (95%)':>9} "
+          f"{'halves cos':>11}")
+    for name, idx in module_slices(params).items():
+      m = noise_scale(g[:, idx], resamples=500, splits=100)
+      print(f"{name:<16} {len(idx):>7} {m['trace_cov'] / r['trace_cov']:>13.3f} "
+            f"{m['b_noise']:>9.1f} {m['b_noise_lo95']:>9.1f} {m['half_cos']:>11.3f}")
 
 
 if __name__ == "__main__":
