@@ -232,6 +232,14 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout = ml_collections.ConfigDict()
   c.rollout.port = 9000              # gRPC port of the JetStream server (launch.py --port overrides)
   c.rollout.address = "localhost:9000"  # where the token client finds the server
+  # Rollout servers run as separate jobs (launch.py --mode=serve on their own hosts / slices):
+  # the RL loop sends rollouts to them and publishes each step's weights under weights_dir,
+  # which they watch (rl/rollout/published_weights.py). () = one server in the trainer's process.
+  c.rollout.servers = ()             # "host:port" of each; requests go round-robin over them
+  c.rollout.weights_dir = ""         # where weights are published (shared storage); serve mode watches it
+  c.rollout.weights_keep = 2         # published versions kept
+  c.rollout.weights_poll_s = 0.5     # how often servers look for, and the trainer probes for, a version
+  c.rollout.sync_timeout_s = 600.0   # the trainer's wait for every server to serve a published version
   c.rollout.slots = 0                # decode slots (max_concurrent_decodes); 0 = capacity planner, capped at max_slots
   c.rollout.max_slots = 32           # cap on planner-derived slots (the planner sees no activations)
   c.rollout.max_len = 4096           # tokens per slot (prompt + sampled); the KV cache length

@@ -36,8 +36,12 @@ class Checkpointer:
         save_interval_steps=max(self.save_every, 1),
         enable_async_checkpointing=bool(async_save),
         create=True)
-    self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                         item_names=("state", "meta"))
+    # Handlers named up front, so that a manager that has not saved can read a step's metadata
+    # (shapes and dtypes) before restoring it.
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=options,
+        item_handlers={"state": ocp.StandardCheckpointHandler(),
+                       "meta": ocp.JsonCheckpointHandler()})
     self.skipped: list[tuple[int, str]] = []   # (step, error) of checkpoints that failed to load
 
   @classmethod
@@ -69,6 +73,11 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     self.manager.reload()
     return sorted(self.manager.all_steps())
+
+  def saved_state_metadata(self, step: int):
+    """The saved state's tree of array metadata (shape, dtype) at `step`, read without
+    restoring it."""
+    return self.manager.item_metadata(int(step))["state"]
 
   def restore(self, step: int, abstract_state: Any):
     args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),

@@ -310,18 +310,35 @@ def run_pool(pool, episodes, config, desc: str):
 
 
 @contextlib.contextmanager
-def served_policy(config, params):
-  """A JetStream rollout server for `params` in this process and an agent pool whose policy is
-  that server: yields (server, cfg, pool), cfg being `config` with rollout.address pointing at
-  the server. The pool and then the server stop on exit."""
+def served_policy(config, params, version: int = 0):
+  """Rollout servers serving `params` as `version` and an agent pool whose policy they are:
+  yields (server, cfg, pool). `server.update_weights(params, version)` is the weight sync.
+
+  By default the server is a JetStream server in this process (cfg = `config` with
+  rollout.address pointing at it; it stops on exit). With rollout.servers, the servers are
+  separate jobs (`launch.py --mode=serve` with the same rollout.weights_dir) and `server` is
+  the publisher that hands them each version through that directory; they keep running."""
   from envs.harness.pool import AgentPool
   from rl.rollout.client import jetstream_policy_factory
-  from rl.rollout.serve import build_server
-  server = build_server(config, params=params, port=0)
-  try:
-    cfg = config.copy_and_resolve_references()
+  cfg = config.copy_and_resolve_references()
+  if config.rollout.servers:
+    from rl.rollout.published_weights import WeightPublisher
+    r = config.rollout
+    server = WeightPublisher(r.weights_dir, tuple(r.servers), r.sync_timeout_s,
+                             r.weights_keep, r.weights_poll_s)
+    try:
+      print(f"rollout servers {', '.join(r.servers)}: publishing weights version {version} "
+            f"in {server.weights_dir}", flush=True)
+      server.update_weights(params, version)
+    except BaseException:
+      server.stop()
+      raise
+  else:
+    from rl.rollout.serve import build_server
+    server = build_server(config, params=params, port=0, initial_version=version)
     with cfg.unlocked():
       cfg.rollout.address = server.address
+  try:
     with AgentPool.from_config(cfg, jetstream_policy_factory(cfg)) as pool:
       yield server, cfg, pool
   finally:
@@ -887,7 +904,7 @@ def run_rl(config, flags=None) -> dict:
   summary = dict(meta.get("summary") or {})
   try:
     # The engine copies the weights device to device (rl/rollout/engine.py, _place).
-    with served_policy(config, state["params"]) as (server, cfg, pool):
+    with served_policy(config, state["params"], start_step) as (server, cfg, pool):
       if "before_rl" not in summary:
         s = _evaluate(pool, cfg, eval_tasks, 0, "before RL")
         summary["before_rl"] = s
@@ -904,10 +921,14 @@ def run_rl(config, flags=None) -> dict:
           batch, m = rl_batch(results, cfg)
           m.update(m_draw)
           state, tm = step_fn(state, step_fn.shard_batch(batch))
+          jax.block_until_ready(state["params"])   # so the sync time below is the sync's alone
+          t_sync = time.monotonic()
           server.update_weights(state["params"], version=step + 1)
+          t_sync = time.monotonic() - t_sync
           tm = {k: float(v) for k, v in jax.device_get(tm).items() if np.ndim(v) == 0}
           m.update(tm)
-          m.update({"time/rollout_s": t_roll, "time/step_s": time.monotonic() - t0,
+          m.update({"time/rollout_s": t_roll, "time/weight_sync_s": t_sync,
+                    "time/step_s": time.monotonic() - t0,
                     "data/epoch": stream.epoch})
           metrics.write(step + 1, "train", m)
           bar.set_postfix(reward=f"{m.get('mean_reward', 0):.3f}",

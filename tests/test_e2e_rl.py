@@ -3,11 +3,14 @@
 A run on a very small config takes RL steps (rollouts through the gRPC server and the agent
 pool on real worlds, train step, weight sync), checkpoints every step, is killed with SIGKILL
 after its first checkpoint, and a second launch with the same name resumes from the newest
-checkpoint and finishes, writing summary.json. Slow (minutes on 2 cores): --run-slow.
+checkpoint and finishes, writing summary.json (slow, minutes on 2 cores: --run-slow). And two
+steps with the rollout server as a separate job (`launch.py --mode=serve` watching the weights
+directory the trainer publishes to; ~30 s, in the default run).
 """
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -75,3 +78,41 @@ def test_rl_two_steps_then_sigkill_and_resume(tmp_path):
   train = [json.loads(l) for l in open(os.path.join(tmp_path, "e2e", "metrics.jsonl"))]
   steps = sorted({m["step"] for m in train if m["phase"] == "train"})
   assert steps[-1] == 4
+
+
+def _free_port() -> int:
+  with socket.socket() as sock:
+    sock.bind(("localhost", 0))
+    return sock.getsockname()[1]
+
+
+def test_rl_steps_with_the_rollout_server_as_a_separate_job(tmp_path):
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  env.pop("XLA_FLAGS", None)
+  port = _free_port()
+  weights = os.path.join(tmp_path, "weights")
+  serve_log = open(os.path.join(tmp_path, "serve.log"), "w")
+  server = subprocess.Popen(
+      [sys.executable, os.path.join(ROOT, "launch.py"), "--mode=serve",
+       "--config=" + os.path.join(ROOT, "configs/tiny_cpu.py"), f"--port={port}",
+       f"--config.rollout.weights_dir={weights}", "--config.rollout.warmup=False"],
+      cwd=ROOT, env=env, stdout=serve_log, stderr=subprocess.STDOUT)
+  try:
+    out = subprocess.run(
+        _cmd(tmp_path, 2) + [f"--config.rollout.servers=('localhost:{port}',)",
+                             f"--config.rollout.weights_dir={weights}",
+                             "--config.rollout.sync_timeout_s=300"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    assert server.poll() is None, "the rollout server exited"
+  finally:
+    server.terminate()
+    server.wait(timeout=60)
+  log = open(os.path.join(tmp_path, "serve.log")).read()
+  assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:] + log[-2000:]
+  # Version 0 (the start) for the eval before RL, then one version a step.
+  for v in (0, 1, 2):
+    assert f"serving weights version {v} from {weights}" in log, log[-3000:]
+  summary = json.load(open(os.path.join(tmp_path, "e2e", "summary.json")))
+  assert 0.0 <= summary["after_rl"]["pass_at_1"] <= 1.0
+  metrics = [json.loads(l) for l in open(os.path.join(tmp_path, "e2e", "metrics.jsonl"))]
+  assert sorted(m["step"] for m in metrics if m["phase"] == "train") == [1, 2]

@@ -47,14 +47,16 @@ def policy_factory(config, tasks):
     if backend == "jetstream":
       from rl.rollout.client import TokenClient
       from rl.rollout.client import jetstream_policy_factory
-      probe = TokenClient(config.rollout.address)
-      try:
-        if not probe.health():
-          raise SystemExit(
-              f"no rollout server answers at {config.rollout.address}: start one with "
-              "`launch.py --mode=serve` (same config), or set harness.policy_backend=local")
-      finally:
-        probe.close()
+      from rl.rollout.client import server_addresses
+      for address in server_addresses(config):
+        probe = TokenClient(address)
+        try:
+          if not probe.health():
+            raise SystemExit(
+                f"no rollout server answers at {address}: start one with "
+                "`launch.py --mode=serve` (same config), or set harness.policy_backend=local")
+        finally:
+          probe.close()
       return jetstream_policy_factory(config)
     raise ValueError(f"unknown harness.policy_backend {backend!r} (local | jetstream)")
   raise ValueError(f"unknown policy {config.policy!r} (model | oracle | null)")

@@ -13,6 +13,7 @@ grpc and protobuf (no JetStream, no JAX), so agent-loop processes stay light.
 """
 import dataclasses
 import functools
+import itertools
 from typing import Optional, Sequence
 
 import grpc
@@ -108,21 +109,32 @@ class TokenClient:
 
 
 class JetStreamPolicy:
-  """envs.harness Policy over the rollout server: generate(...) -> (ids, logprobs, finish)."""
+  """envs.harness Policy over one or more rollout servers: generate(...) -> (ids, logprobs,
+  finish). With several, requests go round-robin (every server serves the same weights
+  version; rl/rollout/published_weights.py)."""
 
-  def __init__(self, client: TokenClient):
-    self.client = client
+  def __init__(self, *clients: TokenClient):
+    if not clients:
+      raise ValueError("JetStreamPolicy needs at least one TokenClient")
+    self.clients = clients
+    self._next = itertools.cycle(clients)
 
   def generate(self, prompt_ids, sampling, max_tokens, stop_ids):
-    out = self.client.generate(prompt_ids, sampling, max_tokens, stop_ids)
+    out = next(self._next).generate(prompt_ids, sampling, max_tokens, stop_ids)
     return out.ids, out.logprobs, out.finish_reason
+
+
+def server_addresses(config) -> tuple:
+  """Where rollouts go: rollout.servers (separate jobs) or else rollout.address."""
+  return tuple(config.rollout.servers) or (config.rollout.address,)
 
 
 def jetstream_policy_factory(config):
   """A picklable `ChatFormat -> Policy` factory for the harness pool (harness.policy_backend=jetstream)."""
-  return functools.partial(_build_policy, config.rollout.address, float(config.rollout.client_timeout_s))
+  return functools.partial(_build_policy, server_addresses(config),
+                           float(config.rollout.client_timeout_s))
 
 
-def _build_policy(address, timeout_s, fmt):
+def _build_policy(addresses, timeout_s, fmt):
   del fmt
-  return JetStreamPolicy(TokenClient(address, timeout_s))
+  return JetStreamPolicy(*(TokenClient(a, timeout_s) for a in addresses))

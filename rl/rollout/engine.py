@@ -182,12 +182,14 @@ class QwenEngine(engine_api.Engine):
     prefix_buckets: pad lengths of the part of a prompt after the shared prefix (one compile
       each, at first use); () = no prefix cache: every prompt is prefilled whole.
     prefix_min_len: the shortest shared prefix worth caching (rl/rollout/prefix_cache.py).
+    initial_version: the version the first params are served as (responses report it).
   """
 
   def __init__(self, cfg, *, slots: int, max_len: int, prefill_buckets: Sequence[int],
                params=None, init_seed: int = 0, default_sampling: SamplingSettings = SamplingSettings(),
                stop_ids: Sequence[int] = (), cache_dtype: Optional[str] = None, tokenizer_cfg=None,
-               mesh=None, rules=None, prefix_buckets: Sequence[int] = (), prefix_min_len: int = 256):
+               mesh=None, rules=None, prefix_buckets: Sequence[int] = (), prefix_min_len: int = 256,
+               initial_version: int = 0):
     if max_len > cfg.max_position_embeddings:
       raise ValueError(f"max_len {max_len} > model max_position_embeddings "
                        f"{cfg.max_position_embeddings}")
@@ -216,7 +218,7 @@ class QwenEngine(engine_api.Engine):
       self._param_shardings = sharding.tree_shardings(qwen3_5.param_axes(cfg), shapes, mesh, rules)
     # Placed exactly as `update_params` will place new weights, so a swap never recompiles.
     params = self._place(params)
-    self._handle = ParamsHandle(params)
+    self._handle = ParamsHandle(params, initial_version)
     self._abstract_params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
     self._prefill_jit = jax.jit(self._prefill_impl)
     self._extend_jit = jax.jit(self._extend_impl)
@@ -319,6 +321,16 @@ class QwenEngine(engine_api.Engine):
       raise ValueError("new params differ in shape/dtype (this would recompile): " + "; ".join(bad[:5]))
     params = jax.block_until_ready(self._place(params))
     return self._handle.swap(params, version)
+
+  def params_target(self):
+    """The engine's params as ShapeDtypeStructs with their shardings: a restore target that
+    puts each shard of a saved tree straight on the device that serves it."""
+    where = self._param_shardings
+    if where is None:
+      single = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      where = jax.tree.map(lambda _: single, self._abstract_params)
+    return jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                        self._abstract_params, where)
 
   def _place(self, params):
     """`params` (host or device arrays, any layout) as the engine's own copy on its devices.

@@ -2,18 +2,22 @@
 
 Builds the Qwen3.5 engine from the config (random init; params come later by weight sync or
 `build_server(params=...)`), compiles its prefill buckets, and serves JetStream's
-Orchestrator gRPC service (token and text requests) until interrupted.
+Orchestrator gRPC service (token and text requests) until interrupted. With
+`rollout.weights_dir` set, it serves the versions a trainer in another job publishes there
+(rl/rollout/published_weights.py), version -1 (the random init) until the first arrives.
 """
 from typing import Optional
 
 
-def build_server(config, params=None, port: Optional[int] = None, warmup: Optional[bool] = None):
-  """An engine + JetStream Driver + gRPC server for `config`, started. Returns RolloutServer."""
+def build_server(config, params=None, port: Optional[int] = None, warmup: Optional[bool] = None,
+                 **engine_overrides):
+  """An engine + JetStream Driver + gRPC server for `config`, started. Returns RolloutServer.
+  `engine_overrides` go to QwenEngine.from_config (e.g. initial_version)."""
   from rl.rollout import compat  # pylint: disable=g-import-not-at-top
   from rl.rollout.engine import QwenEngine  # pylint: disable=g-import-not-at-top
   from rl.rollout.orchestrator import RolloutServer  # pylint: disable=g-import-not-at-top
   compat.set_log_level(config.rollout.log_level)
-  engine = QwenEngine.from_config(config, params=params)
+  engine = QwenEngine.from_config(config, params=params, **engine_overrides)
   if config.rollout.warmup if warmup is None else warmup:
     engine.warmup()
   port = config.rollout.port if port is None else port
@@ -22,15 +26,27 @@ def build_server(config, params=None, port: Optional[int] = None, warmup: Option
 
 def main(config, flags=None):
   from rl.rollout import capacity  # pylint: disable=g-import-not-at-top
+  from rl.rollout import published_weights  # pylint: disable=g-import-not-at-top
   port = getattr(flags, "port", None) if flags is not None else None
   p = capacity.plan_from_config(config)
   print(f"capacity: {p.bytes_per_seq / 2**20:.2f} MiB decode state per sequence at "
         f"{p.context_len} tokens; {p.per_engine} sequences fit this engine; "
         f"slots = {capacity.engine_slots(config)}", flush=True)
-  server = build_server(config, port=port)
+  weights_dir = config.rollout.weights_dir
+  server = build_server(config, port=port,
+                        initial_version=published_weights.UNLOADED if weights_dir else 0)
+  watcher = None
+  if weights_dir:
+    watcher = published_weights.WeightWatcher(weights_dir, server.engine,
+                                              config.rollout.weights_poll_s).start()
   print(f"serving on {server.address} (slots {server.engine.slots}, max_len "
-        f"{server.engine.max_len}, buckets {server.engine.buckets})", flush=True)
+        f"{server.engine.max_len}, buckets {server.engine.buckets})"
+        + (f"; weights from {watcher.weights_dir}" if watcher else ""), flush=True)
   try:
     server.wait_for_termination()
   except KeyboardInterrupt:
+    pass
+  finally:
+    if watcher is not None:
+      watcher.stop()
     server.stop()
