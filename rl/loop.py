@@ -873,6 +873,7 @@ def run_rl(config, flags=None) -> dict:
   from envs import worlds
   from models import sharding as shd
   from rl.checkpoint import Checkpointer
+  from rl.rollout_prefetch import RolloutPrefetcher
   from rl.train_step import TrainStep
 
   t_start = time.monotonic()
@@ -912,35 +913,51 @@ def run_rl(config, flags=None) -> dict:
         _write_json(summary_path, _finish(summary, config, eval_tasks))
       print(_fmt_eval(_before_label(config), summary["before_rl"]), flush=True)
       steps = int(config.train.steps)
-      with _bar(config, steps, "rl") as bar:
-        bar.update(start_step)
-        for step in range(start_step, steps):
-          t0 = time.monotonic()
-          results, m_draw = _draw_rollouts(pool, stream, cfg, step)
-          t_roll = time.monotonic() - t0
-          batch, m = rl_batch(results, cfg)
-          m.update(m_draw)
-          state, tm = step_fn(state, step_fn.shard_batch(batch))
-          jax.block_until_ready(state["params"])   # so the sync time below is the sync's alone
-          t_sync = time.monotonic()
-          server.update_weights(state["params"], version=step + 1)
-          t_sync = time.monotonic() - t_sync
-          tm = {k: float(v) for k, v in jax.device_get(tm).items() if np.ndim(v) == 0}
-          m.update(tm)
-          m.update({"time/rollout_s": t_roll, "time/weight_sync_s": t_sync,
-                    "time/step_s": time.monotonic() - t0,
-                    "data/epoch": stream.epoch})
-          metrics.write(step + 1, "train", m)
-          bar.set_postfix(reward=f"{m.get('mean_reward', 0):.3f}",
-                          loss=f"{tm.get('loss/total', 0):.3g}")
-          bar.update(1)
-          if config.loop.eval_every and (step + 1) % config.loop.eval_every == 0 \
-             and step + 1 < steps:
-            s = _evaluate(pool, cfg, eval_tasks, step + 1, f"step {step + 1}")
-            metrics.write(step + 1, "eval", _eval_scalars(s))
-            summary.setdefault("curve", []).append({"step": step + 1, **_eval_scalars(s)})
-          ckpt.maybe_save(step + 1, state, {"data_position": stream.position,
-                                            "summary": summary})
+      served = [start_step]   # the weights version the servers hold
+
+      def draw(step):
+        t0, version = time.monotonic(), served[0]
+        results, m = _draw_rollouts(pool, stream, cfg, step)
+        m.update({"time/rollout_s": time.monotonic() - t0,
+                  "rollout/staleness": float(step - version)})
+        return results, m, stream.position
+
+      prefetch = RolloutPrefetcher(draw, int(config.loop.max_staleness), steps - 1)
+      try:
+        with _bar(config, steps, "rl") as bar:
+          bar.update(start_step)
+          for step in range(start_step, steps):
+            t0 = time.monotonic()
+            results, m_draw, data_position = prefetch.get(step)
+            t_wait = time.monotonic() - t0
+            batch, m = rl_batch(results, cfg)
+            m.update(m_draw)
+            state, tm = step_fn(state, step_fn.shard_batch(batch))
+            jax.block_until_ready(state["params"])   # so the sync time below is the sync's alone
+            t_sync = time.monotonic()
+            server.update_weights(state["params"], version=step + 1)
+            served[0] = step + 1
+            t_sync = time.monotonic() - t_sync
+            tm = {k: float(v) for k, v in jax.device_get(tm).items() if np.ndim(v) == 0}
+            m.update(tm)
+            m.update({"time/rollout_wait_s": t_wait, "time/weight_sync_s": t_sync,
+                      "time/step_s": time.monotonic() - t0, "data/epoch": stream.epoch})
+            metrics.write(step + 1, "train", m)
+            bar.set_postfix(reward=f"{m.get('mean_reward', 0):.3f}",
+                            loss=f"{tm.get('loss/total', 0):.3g}")
+            bar.update(1)
+            if config.loop.eval_every and (step + 1) % config.loop.eval_every == 0 \
+               and step + 1 < steps:
+              prefetch.drain()   # the eval needs the agent pool to itself
+              s = _evaluate(pool, cfg, eval_tasks, step + 1, f"step {step + 1}")
+              metrics.write(step + 1, "eval", _eval_scalars(s))
+              summary.setdefault("curve", []).append({"step": step + 1, **_eval_scalars(s)})
+            # The position after this step's batch: batches drawn ahead are drawn again on
+            # resume (same tasks and seeds).
+            ckpt.maybe_save(step + 1, state, {"data_position": data_position,
+                                              "summary": summary})
+      finally:
+        prefetch.close()
       ckpt.wait()
       s = _evaluate(pool, cfg, eval_tasks, steps, "after RL")
       summary["after_rl"] = s
