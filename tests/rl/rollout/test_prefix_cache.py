@@ -1,8 +1,8 @@
 """The shared-prefix cache: what it learns, and that prompts served from it match the model."""
-import functools
+import os
+import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -11,6 +11,9 @@ from envs.harness.policy import SamplingParams
 from models import qwen3_5
 from rl.rollout.client import TokenClient
 from rl.rollout.prefix_cache import SharedPrefix
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from greedy_reference import greedy_by_recompute  # noqa: E402
 
 MAX_LEN = 256
 SYSTEM = list(range(600, 700))                   # 100 tokens every prompt opens with
@@ -88,19 +91,8 @@ def server():
   s.stop()
 
 
-@functools.cache
-def _forward(cfg):
-  return jax.jit(functools.partial(qwen3_5.forward, cfg))
-
-
 def _greedy_by_recompute(cfg, params, prompt, n):
-  forward = _forward(cfg)   # one compile: every call has the shape [1, MAX_LEN]
-  ids = list(prompt)
-  for _ in range(n):
-    tokens = np.zeros((1, MAX_LEN), np.int32)
-    tokens[0, :len(ids)] = ids
-    ids.append(int(jnp.argmax(forward(params, jnp.asarray(tokens))[0, len(ids) - 1])))
-  return ids[len(prompt):]
+  return greedy_by_recompute(cfg, params, prompt, n, MAX_LEN)
 
 
 def test_prompts_served_after_the_shared_prefix_match_full_recompute(server):

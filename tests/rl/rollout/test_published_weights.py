@@ -5,10 +5,10 @@ One server for the module (tiny model, 2 slots, 64-token context); each test has
 weights directory, watcher and publisher.
 """
 import functools
+import os
+import sys
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from configs import tiny_cpu
@@ -19,6 +19,9 @@ from rl.rollout.published_weights import UNLOADED
 from rl.rollout.published_weights import WeightPublisher
 from rl.rollout.published_weights import WeightSyncTimeout
 from rl.rollout.published_weights import WeightWatcher
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from greedy_reference import greedy_by_recompute  # noqa: E402
 
 MAX_LEN = 64
 GREEDY = SamplingParams(temperature=0.0)
@@ -68,18 +71,8 @@ def sync(server, tmp_path):
   watcher.stop()
 
 
-@functools.cache
-def _forward(cfg):
-  return jax.jit(functools.partial(qwen3_5.forward, cfg))
-
-
 def _greedy_by_recompute(cfg, params, prompt, n):
-  ids = list(prompt)
-  for _ in range(n):
-    tokens = np.zeros((1, MAX_LEN), np.int32)
-    tokens[0, :len(ids)] = ids
-    ids.append(int(jnp.argmax(_forward(cfg)(params, jnp.asarray(tokens))[0, len(ids) - 1])))
-  return ids[len(prompt):]
+  return greedy_by_recompute(cfg, params, prompt, n, MAX_LEN)
 
 
 def _served(client):
