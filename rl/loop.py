@@ -327,6 +327,8 @@ def served_policy(config, params, version: int = 0):
     server = WeightPublisher(r.weights_dir, tuple(r.servers), r.sync_timeout_s,
                              r.weights_keep, r.weights_poll_s)
     try:
+      if version == 0:   # not resumed from a checkpoint
+        server.require_empty()
       print(f"rollout servers {', '.join(r.servers)}: publishing weights version {version} "
             f"in {server.weights_dir}", flush=True)
       server.update_weights(params, version)

@@ -22,7 +22,7 @@ this way serves version -1 (its random init) until the first version arrives.
 
 The newest version always wins, also when it is older than the one served: a trainer resumed
 from checkpoint k removes the versions above k that the crashed run had published, and the
-servers go back to k. One DIR per run.
+servers go back to k. One DIR per run: a run starting afresh refuses a DIR holding versions.
 """
 import logging
 import os
@@ -75,6 +75,15 @@ class WeightPublisher:
     self.probe_token = int(probe_token)
     self._ckpt = _checkpointer(self.weights_dir, keep)
     self._clients = [TokenClient(a, timeout_s=max(self.timeout_s, 1.0)) for a in self.addresses]
+
+  def require_empty(self) -> None:
+    """A run that starts afresh needs a directory without versions: a server still serving an
+    earlier run's version 0 would answer the probe for this run's version 0."""
+    steps = self._ckpt.all_steps()
+    if steps:
+      raise ValueError(
+          f"rollout.weights_dir={self.weights_dir} holds weights versions {steps} of an earlier "
+          f"run; a run starting afresh needs a directory of its own (or remove those)")
 
   def update_weights(self, params, version: Optional[int] = None) -> int:
     """Publishes `params` as `version` and returns once every server serves it."""

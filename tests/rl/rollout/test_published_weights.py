@@ -104,6 +104,9 @@ def test_a_resumed_trainer_takes_the_servers_back_to_its_step(server, sync, cfg)
   publisher.update_weights(a, 3)   # resumed from step 3's checkpoint
   assert publisher._ckpt.all_steps() == [3]
   assert _served(client) == (_greedy_by_recompute(cfg, a, PROMPT, 6), 3)
+  # A run starting afresh on this directory would be answered by these versions.
+  with pytest.raises(ValueError, match="holds weights versions \\[3\\] of an earlier run"):
+    publisher.require_empty()
 
 
 def test_a_version_the_server_cannot_load_is_a_timeout_naming_the_server(server, sync, config,
