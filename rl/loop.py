@@ -614,7 +614,7 @@ def load_params(directory: str, config, shardings=None, with_meta: bool = False)
   import jax
   from rl.checkpoint import Checkpointer
   if not os.path.isdir(directory):
-    return None
+    return (None, None) if with_meta else None
   from models import qwen3_5
   cfg = qwen3_5.config_from_dict(config.model)
   shapes = jax.eval_shape(lambda: qwen3_5.init_params(cfg, jax.random.key(0)))

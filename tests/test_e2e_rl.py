@@ -5,8 +5,9 @@ pool on real worlds, train step, weight sync), checkpoints every step, is killed
 after its first checkpoint, and a second launch with the same name resumes from the newest
 checkpoint and finishes, writing summary.json (slow, minutes on 2 cores: --run-slow). And two
 steps with the rollout server as a separate job (`launch.py --mode=serve` watching the weights
-directory the trainer publishes to), and three steps with rollouts drawn a step ahead
-(loop.max_staleness=1); ~30 s each, in the default run.
+directory the trainer publishes to), and make run's path from a fresh run directory (SFT
+first) with rollouts drawn a step ahead (loop.max_staleness=1); ~30 s each, in the default
+run.
 """
 import json
 import os
@@ -119,13 +120,17 @@ def test_rl_steps_with_the_rollout_server_as_a_separate_job(tmp_path):
   assert sorted(m["step"] for m in metrics if m["phase"] == "train") == [1, 2]
 
 
-def test_rl_steps_with_rollouts_drawn_one_step_ahead(tmp_path):
-  """loop.max_staleness=1: each step's batch is drawn while the previous step trains."""
+def test_sft_first_then_rl_steps_with_rollouts_drawn_one_step_ahead(tmp_path):
+  """make run's path on a fresh run directory (SFT trained first, then RL), with
+  loop.max_staleness=1: each step's batch is drawn while the previous step trains."""
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   env.pop("XLA_FLAGS", None)
-  out = subprocess.run(_cmd(tmp_path, 3) + ["--config.loop.max_staleness=1"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=1500)
+  cmd = [a for a in _cmd(tmp_path, 3) if a != "--config.sft.steps=0"]
+  out = subprocess.run(cmd + ["--config.loop.max_staleness=1", "--config.sft.steps=1",
+                              "--config.sft.max_tasks=2", "--config.sft.batch_size=2"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
   assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+  assert os.path.isdir(os.path.join(tmp_path, "e2e", "sft"))
   metrics = [json.loads(l) for l in open(os.path.join(tmp_path, "e2e", "metrics.jsonl"))]
   train = {m["step"]: m for m in metrics if m["phase"] == "train"}
   assert sorted(train) == [1, 2, 3]

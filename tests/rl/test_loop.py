@@ -382,6 +382,13 @@ def test_load_params_restores_params_saved_on_another_topology(tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_load_params_of_a_directory_not_written_yet_is_none_with_or_without_meta(tmp_path):
+  c = tiny_cpu.get_config()
+  missing = str(tmp_path / "sft")
+  assert loop.load_params(missing, c) is None
+  assert loop.load_params(missing, c, with_meta=True) == (None, None)
+
+
 def test_load_params_names_saved_params_that_do_not_restore(tmp_path):
   c = tiny_cpu.get_config()
   with c.unlocked():
