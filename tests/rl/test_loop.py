@@ -496,6 +496,15 @@ def test_sweep_jobs_cover_both_arms_and_reject_unknown_keys(tmp_path):
     sweep.job_commands(c, [{"rl.los_reduction": "token_mean"}], ["launch.py"])
 
 
+@pytest.mark.parametrize("name", sorted(
+    f for f in os.listdir(os.path.join(ROOT, "configs", "sweeps")) if not f.startswith("_")))
+def test_every_sweep_file_makes_one_command_per_job_of_known_keys(name):
+  c = tiny_cpu.get_config()
+  jobs = sweep.load_sweep(os.path.join(ROOT, "configs", "sweeps", name))
+  cmds = sweep.job_commands(c, jobs, ["launch.py", "--mode=rl"])   # exits on an unknown key
+  assert len({n for n, _, _ in cmds}) == len(jobs) >= 2
+
+
 def _token_vs_prompt_mean_sweep(tmp_path):
   c = tiny_cpu.get_config()
   with c.unlocked():
