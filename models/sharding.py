@@ -112,6 +112,16 @@ def tree_shardings(axes_tree: Any, shapes_tree: Any, mesh: Mesh, rules: Rules) -
   return jax.tree.map(one, axes_tree, shapes_tree, is_leaf=_is_axes_leaf)
 
 
+def with_shardings(shapes_tree: Any, shardings_tree: Any = None) -> Any:
+  """ShapeDtypeStructs of `shapes_tree` carrying `shardings_tree` (None = all on this process's
+  first device): an abstract tree to restore or compile against, allocating nothing."""
+  if shardings_tree is None:
+    one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    shardings_tree = jax.tree.map(lambda _: one, shapes_tree)
+  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                      shapes_tree, shardings_tree)
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
 

@@ -616,13 +616,10 @@ def load_params(directory: str, config, shardings=None, with_meta: bool = False)
   if not os.path.isdir(directory):
     return (None, None) if with_meta else None
   from models import qwen3_5
+  from models import sharding as shd
   cfg = qwen3_5.config_from_dict(config.model)
   shapes = jax.eval_shape(lambda: qwen3_5.init_params(cfg, jax.random.key(0)))
-  if shardings is None:
-    shardings = jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.local_devices()[0]),
-                             shapes)
-  like = {"params": jax.tree.map(
-      lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)}
+  like = {"params": shd.with_shardings(shapes, shardings)}
   ck = Checkpointer(directory, save_every=1, keep=1, async_save=False)
   try:
     out = ck.restore_latest(like)

@@ -163,8 +163,7 @@ class TrainStep:
   def abstract_state(self):
     """ShapeDtypeStructs of the state (with shardings); allocates nothing."""
     shapes = jax.eval_shape(self._init_state, jax.random.key(0))
-    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                        shapes, self.state_shardings)
+    return shd.with_shardings(shapes, self.state_shardings)
 
   def _state_shardings(self):
     shapes = jax.eval_shape(self._init_state, jax.random.key(0))

@@ -325,12 +325,8 @@ class QwenEngine(engine_api.Engine):
   def params_target(self):
     """The engine's params as ShapeDtypeStructs with their shardings: a restore target that
     puts each shard of a saved tree straight on the device that serves it."""
-    where = self._param_shardings
-    if where is None:
-      single = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-      where = jax.tree.map(lambda _: single, self._abstract_params)
-    return jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-                        self._abstract_params, where)
+    from models import sharding  # pylint: disable=g-import-not-at-top
+    return sharding.with_shardings(self._abstract_params, self._param_shardings)
 
   def _place(self, params):
     """`params` (host or device arrays, any layout) as the engine's own copy on its devices.
