@@ -600,9 +600,14 @@ def save_params(directory: str, params, meta: dict, step: int = 0) -> None:
   ck.close()
 
 
-def load_params(directory: str, config, shardings=None, with_meta: bool = False):
-  """The params saved by `save_params`, or None when there are none ((params, meta) or
-  (None, None) with `with_meta`).
+def load_params(directory: str, config, shardings=None):
+  """The params saved by `save_params`, or None when there are none (`load_params_and_meta`
+  without the meta)."""
+  return load_params_and_meta(directory, config, shardings)[0]
+
+
+def load_params_and_meta(directory: str, config, shardings=None) -> tuple:
+  """(params, meta) saved by `save_params`, or (None, None) when there are none.
 
   `shardings` (a Sharding per param, e.g. the train step's) places them on this run's devices;
   without it every param goes to this process's first device. A target with shardings is what lets a
@@ -614,7 +619,7 @@ def load_params(directory: str, config, shardings=None, with_meta: bool = False)
   import jax
   from rl.checkpoint import Checkpointer
   if not os.path.isdir(directory):
-    return (None, None) if with_meta else None
+    return None, None
   from models import qwen3_5
   from models import sharding as shd
   cfg = qwen3_5.config_from_dict(config.model)
@@ -630,8 +635,7 @@ def load_params(directory: str, config, shardings=None, with_meta: bool = False)
                        f"away (or set config.sft.dir) to train anew.")
   finally:
     ck.close()
-  params, meta = (None, None) if out is None else (out[1]["params"], out[2])
-  return (params, meta) if with_meta else params
+  return (None, None) if out is None else (out[1]["params"], out[2])
 
 
 def start_fingerprint(config) -> str:
@@ -718,7 +722,7 @@ def start_params(config, shardings=None, metrics: Optional[Metrics] = None):
   loop.sft_first asks for it), else config.train.init_from, else None (the seeded init)."""
   params = None
   if config.loop.sft_first and config.sft.steps:
-    params, meta = load_params(sft_dir(config), config, shardings, with_meta=True)
+    params, meta = load_params_and_meta(sft_dir(config), config, shardings)
     if params is None:
       params = run_sft(config, metrics)
     else:

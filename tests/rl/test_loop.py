@@ -386,7 +386,7 @@ def test_load_params_of_a_directory_not_written_yet_is_none_with_or_without_meta
   c = tiny_cpu.get_config()
   missing = str(tmp_path / "sft")
   assert loop.load_params(missing, c) is None
-  assert loop.load_params(missing, c, with_meta=True) == (None, None)
+  assert loop.load_params_and_meta(missing, c) == (None, None)
 
 
 def test_load_params_names_saved_params_that_do_not_restore(tmp_path):
