@@ -37,6 +37,12 @@ def _cmd(tmp_path, steps):
           "--config.loop.bootstrap=100"]
 
 
+def _env():
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  env.pop("XLA_FLAGS", None)  # one CPU device: the conftest's fake devices only slow this down
+  return env
+
+
 def _steps(ckpt_dir):
   if not os.path.isdir(ckpt_dir):
     return []
@@ -45,8 +51,7 @@ def _steps(ckpt_dir):
 
 @pytest.mark.slow
 def test_rl_two_steps_then_sigkill_and_resume(tmp_path):
-  env = dict(os.environ, PYTHONUNBUFFERED="1")
-  env.pop("XLA_FLAGS", None)  # one CPU device: the conftest's fake devices only slow this down
+  env = _env()
   ckpt_dir = os.path.join(tmp_path, "e2e", "checkpoints")
   log1 = open(os.path.join(tmp_path, "run1.log"), "w")
   p = subprocess.Popen(_cmd(tmp_path, 4), cwd=ROOT, env=env, stdout=log1,
@@ -89,8 +94,7 @@ def _free_port() -> int:
 
 
 def test_rl_steps_with_the_rollout_server_as_a_separate_job(tmp_path):
-  env = dict(os.environ, PYTHONUNBUFFERED="1")
-  env.pop("XLA_FLAGS", None)
+  env = _env()
   port = _free_port()
   weights = os.path.join(tmp_path, "weights")
   serve_log = open(os.path.join(tmp_path, "serve.log"), "w")
@@ -123,8 +127,7 @@ def test_rl_steps_with_the_rollout_server_as_a_separate_job(tmp_path):
 def test_sft_first_then_rl_steps_with_rollouts_drawn_one_step_ahead(tmp_path):
   """make run's path on a fresh run directory (SFT trained first, then RL), with
   loop.max_staleness=1: each step's batch is drawn while the previous step trains."""
-  env = dict(os.environ, PYTHONUNBUFFERED="1")
-  env.pop("XLA_FLAGS", None)
+  env = _env()
   cmd = [a for a in _cmd(tmp_path, 3) if a != "--config.sft.steps=0"]
   out = subprocess.run(cmd + ["--config.loop.max_staleness=1", "--config.sft.steps=1",
                               "--config.sft.max_tasks=2", "--config.sft.batch_size=2"],
