@@ -97,7 +97,8 @@ def _block(p, x, positions, cfg: ModelConfig, layer_type: str, cache, lengths, m
   """One pre-norm residual block: mixer then feed-forward. Returns (x, router logits, cache).
 
   mode: "prefill" (a whole sequence from position 0), "extend" (a continuation of the cached
-  prefix in `cache`) or "decode" (one token per row against the cache).
+  prefix in `cache`), "append" (a continuation written into a decode-layout cache) or "decode"
+  (one token per row against the cache).
   """
   h = norm.rms_norm(x, p["input_norm"], cfg.rms_norm_eps)
   if layer_type == LINEAR:
@@ -107,6 +108,8 @@ def _block(p, x, positions, cfg: ModelConfig, layer_type: str, cache, lengths, m
     h, cache = attention.decode(p["mixer"], h, positions[:, 0], cache, cfg)
   elif mode == "extend":
     h, cache = attention.extend(p["mixer"], h, positions, cache, cfg)
+  elif mode == "append":
+    h, cache = attention.append(p["mixer"], h, positions, cache, cfg)
   else:
     h, cache = attention.forward(p["mixer"], h, positions, cfg, cache=cache)
   x = x + h.astype(x.dtype)
@@ -283,6 +286,30 @@ def prefill_extend(cfg: ModelConfig, params, prefix_cache, tokens, lengths):
   return logits_from_hidden(cfg, params, last), {"pos": pos, "blocks": blocks}
 
 
+def prefill_append(cfg: ModelConfig, params, cache, tokens, lengths):
+  """Continues decode-layout caches (a finished turn's slot) with right-padded tokens, in place.
+
+  Args:
+    cache: an `init_cache`-layout cache holding `pos` tokens a row, KV capacity max_len >=
+      pos + seq (the caller's guarantee).
+    tokens: [batch, seq] int32 at positions [pos, pos + seq), each row valid on [0, lengths[i]).
+    lengths: [batch] int32, >= 1.
+  Returns:
+    (logits at each row's last valid token [batch, vocab] float32, the cache (same shapes) with
+    pos + lengths tokens): what `prefill` of the cached tokens and these together returns, up
+    to float rounding (the cached part may come from decode steps, i.e. the recurrent rule).
+  """
+  t = tokens.shape[1]
+  positions = cache["pos"][:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+  x = jnp.take(params["embed"], tokens, axis=0).astype(cfg.jnp_dtype)
+  x, _, blocks = _run_layers(cfg, params, x, positions, cache=cache, lengths=lengths,
+                             mode="append")
+  last = jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0]
+  last = norm.rms_norm(last, params["final_norm"], cfg.rms_norm_eps)
+  pos = cache["pos"] + lengths.astype(jnp.int32)
+  return logits_from_hidden(cfg, params, last), {"pos": pos, "blocks": blocks}
+
+
 def decode_step(cfg: ModelConfig, params, cache, tokens):
   """Appends one token per row. tokens [batch] int32 -> (logits [batch, vocab] f32, cache)."""
   pos = cache["pos"]
@@ -308,6 +335,13 @@ def cache_insert(decode_cache, prefix_cache, slot, row: int = 0):
 
   blocks = jax.tree.map(lambda d, s: put(d, s, 1), decode_cache["blocks"], prefix_cache["blocks"])
   return {"pos": put(decode_cache["pos"], prefix_cache["pos"], 0), "blocks": blocks}
+
+
+def cache_row(decode_cache, row):
+  """Row `row` of a decode cache as a batch-1 cache of the same capacity (a slot's state)."""
+  take = lambda x, axis: jax.lax.dynamic_index_in_dim(x, row, axis=axis, keepdims=True)
+  return {"pos": take(decode_cache["pos"], 0),
+          "blocks": jax.tree.map(lambda x: take(x, 1), decode_cache["blocks"])}
 
 
 # -- sizes ----------------------------------------------------------------------------------

@@ -178,6 +178,53 @@ def extend(p, x, positions, cache, cfg: ModelConfig):
   return _output(p, out, gate, cfg), cache
 
 
+def append(p, x, positions, cache, cfg: ModelConfig):
+  """Causal attention of a continuation written into a decode-layout cache after its tokens.
+
+  The cache of a finished conversation turn (one decode slot) continued by the next turn's new
+  tokens, without copying the cache into a prefix-length buffer first (`extend`'s layout).
+
+  Args:
+    x: [batch, seq, embed], the new tokens.
+    positions: [batch, seq] int32, pos + [0, seq) where pos is each row's cached token count.
+    cache: {"k", "v": [batch, max_len, kv_heads, head_dim]} valid on [0, pos); the caller
+      guarantees pos + seq <= max_len (a dynamic slice past the end would be shifted back).
+  Returns:
+    ([batch, seq, embed], cache of the same shape with the new keys and values at [pos, pos + seq)).
+  """
+  q, gate, k, v = _project(p, x, positions, cfg)
+  write = jax.vmap(lambda c, new, at: jax.lax.dynamic_update_slice_in_dim(c, new, at, axis=0))
+  k_all = write(cache["k"], k.astype(cache["k"].dtype), positions[:, 0])
+  v_all = write(cache["v"], v.astype(cache["v"].dtype), positions[:, 0])
+  out = _attend_by_position(q, k_all.astype(q.dtype), v_all.astype(q.dtype), positions, cfg)
+  return _output(p, out, gate, cfg), {"k": k_all, "v": v_all}
+
+
+def _attend_by_position(q, k, v, positions, cfg: ModelConfig):
+  """q [b, t, heads, hd] at `positions` [b, t] over k, v [b, s, kv, hd] indexed by position: key j
+  is seen by a query at position i iff j <= i. With `attention_query_chunk` (> 0, < t) one
+  rematerialised block of queries at a time, so scores stay O(chunk x s)."""
+  b, t = positions.shape
+  s = k.shape[1]
+  chunk = cfg.attention_query_chunk
+  if not chunk or t <= chunk:
+    return _attend(q, k, v, positions[:, :, None] >= jnp.arange(s)[None, None, :], cfg)
+  n = -(-t // chunk)
+  pad = n * chunk - t
+  q = jnp.pad(q, [(0, 0), (0, pad), (0, 0), (0, 0)])
+  positions = jnp.pad(positions, [(0, 0), (0, pad)], mode="edge")
+  q_blocks = jnp.moveaxis(q.reshape(b, n, chunk, *q.shape[2:]), 1, 0)
+  pos_blocks = jnp.moveaxis(positions.reshape(b, n, chunk), 1, 0)
+
+  @jax.checkpoint
+  def block(args):
+    q_i, pos_i = args
+    return _attend(q_i, k, v, pos_i[:, :, None] >= jnp.arange(s)[None, None, :], cfg)
+
+  out = jax.lax.map(block, (q_blocks, pos_blocks))
+  return jnp.moveaxis(out, 0, 1).reshape(b, n * chunk, *out.shape[3:])[:, :t]
+
+
 def decode(p, x, pos, cache, cfg: ModelConfig):
   """One new token per row against the KV cache.
 

@@ -127,6 +127,41 @@ def test_query_chunked_and_causal_block_extend_match_one_block(model):
     np.testing.assert_allclose(out, whole, atol=1e-5)
 
 
+_append = jax.jit(qwen3_5.prefill_append, static_argnums=0)
+
+
+@pytest.mark.parametrize("query_chunk", [0, 16])
+def test_prefill_append_continues_a_decoded_turn_as_prefill_of_the_whole(model, query_chunk):
+  """A turn: prompt prefilled, reply decoded token by token into a slot (the recurrent rule);
+  the next turn's tokens appended in place to that slot's cache give the whole sequence's
+  logits, and decoding after them reads every turn from the one cache."""
+  cfg, params = model
+  cfg = cfg.replace(attention_query_chunk=query_chunk)
+  rng = np.random.default_rng(8)
+  prompt, reply, nxt_turn, max_len = 70, 9, 41, 160
+  seq = jnp.asarray(rng.integers(0, cfg.vocab_size, (1, prompt + reply + nxt_turn + 1)), jnp.int32)
+  _, cache = _prefill(cfg, params, seq[:, :prompt], jnp.asarray([prompt]), max_len=max_len)
+  for t in range(prompt, prompt + reply):
+    _, cache = _decode(cfg, params, cache, seq[:, t])
+  # Another sequence shares the decode state; the finished turn is its slot, taken as a row.
+  other = jax.tree.map(lambda a: jnp.zeros_like(a), cache)
+  both = {"pos": jnp.concatenate([other["pos"], cache["pos"]]),
+          "blocks": jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=1), other["blocks"],
+                                 cache["blocks"])}
+  turn = jax.jit(qwen3_5.cache_row)(both, 1)
+  assert jax.tree.map(jnp.shape, turn) == jax.tree.map(jnp.shape, cache)
+  start = prompt + reply
+  rest = np.zeros((1, 64), np.int32)   # padded to a bucket, as the engine does
+  rest[0, :nxt_turn] = seq[0, start:start + nxt_turn]
+  logits, cache = _append(cfg, params, turn, jnp.asarray(rest), jnp.asarray([nxt_turn]))
+  assert cache["pos"].tolist() == [start + nxt_turn]
+  assert cache["blocks"][3]["k"].shape[2] == max_len    # written in place, capacity unchanged
+  step_logits, _ = _decode(cfg, params, cache, seq[:, start + nxt_turn])
+  full = _forward(cfg, params, seq)
+  np.testing.assert_allclose(logits[0], full[0, start + nxt_turn - 1], atol=1e-4)
+  np.testing.assert_allclose(step_logits[0], full[0, start + nxt_turn], atol=1e-4)
+
+
 def test_cache_insert_moves_one_sequence_into_a_slot(model):
   cfg, params = model
   tokens = jnp.asarray(np.random.default_rng(2).integers(0, cfg.vocab_size, (1, 20)), jnp.int32)
