@@ -4,6 +4,7 @@
     python benchmarks/eval_speed.py --max_tasks=48 --b=1024,1536,2304
     python benchmarks/eval_speed.py --a= --set_b=harness.num_workers=8   # the config's buckets, 4 vs 8 workers
     python benchmarks/eval_speed.py --a= --set_a=rollout.prefix_cache=False  # shared-prefix cache off vs on
+    python benchmarks/eval_speed.py --a= --set_b=rollout.turn_cache=8 --passes=2  # turn cache off vs on
 
 A prompt is padded up to the smallest prefill bucket that holds it, so the bucket set decides
 how many pad tokens each prefill computes. For each arm: a fresh server (engine + gRPC) on the
@@ -68,6 +69,7 @@ def run_arm(config, params, buckets, overrides, tasks, fmt, passes: int = 1):
       t_eval = pass_s[0]
     engine_buckets = server.engine.buckets
     prefix_stats = server.engine.prefix_cache_stats()
+    turn_stats = server.engine.turn_cache_stats()
   finally:
     server.stop()
   s = loop.summarize_eval(results, tasks, cfg.loop.bootstrap, cfg.seed)
@@ -79,7 +81,7 @@ def run_arm(config, params, buckets, overrides, tasks, fmt, passes: int = 1):
   pad = float(np.mean([min(b for b in engine_buckets if b >= n) - n for n in lens])) if len(lens) else 0.0
   return {"buckets": engine_buckets, "warmup_s": t_warm, "eval_s": t_eval, "pass_s": pass_s, "pass_at_1": s["pass_at_1"],
           "ci": s["pass_at_1_ci95"], "prefills": len(lens), "per_bucket": use, "mean_pad": pad,
-          "timing": timing, "prefix_cache": prefix_stats}
+          "timing": timing, "prefix_cache": prefix_stats, "turn_cache": turn_stats}
 
 
 def main():
@@ -118,6 +120,8 @@ def main():
           f"bucket {r['per_bucket']}, mean pad {r['mean_pad']:.0f} tokens")
     if r["prefix_cache"]:
       print("  shared-prefix cache: " + ", ".join(f"{k} {v}" for k, v in r["prefix_cache"].items()))
+    if r["turn_cache"]:
+      print("  turn cache: " + ", ".join(f"{k} {v}" for k, v in r["turn_cache"].items()))
     print("  episode time summed over episodes (s): " +
           ", ".join(f"{k} {v:.0f}" for k, v in r["timing"].items()))
     if len(r["pass_s"]) > 1:

@@ -247,6 +247,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.prefix_cache = True      # prefill the prompt prefix all requests share (system turn) once per weights
   c.rollout.prefix_buckets = (64, 128, 256, 512, 1024, 2048, 4096)  # pad lengths of the rest of a prompt after it
   c.rollout.prefix_min_len = 256     # shortest shared prefix worth caching (tokens)
+  c.rollout.turn_cache = 0           # finished turns whose state the conversation's next prompt continues from; 0 = off
   c.rollout.stop_ids = (2, 0)        # default stop ids: <|im_end|>, <|endoftext|> (tiny vocab; qwen3_5: 248046, 248044)
   c.rollout.temperature = 1.0        # default sampling temperature; 0 = greedy
   c.rollout.top_p = 1.0              # default nucleus mass; 1.0 = off

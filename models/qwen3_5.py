@@ -238,7 +238,8 @@ def cache_axes(cfg: ModelConfig) -> dict:
       blocks.append({"k": kv, "v": kv})
     else:
       blocks.append({"conv": ("layers", "batch", "conv_kernel", "gdn_qkv"),
-                     "ssm": ("layers", "batch", "gdn_heads", "head_dim", "head_dim")})
+                     # d_k, d_v unnamed: one logical name may appear once per array
+                     "ssm": ("layers", "batch", "gdn_heads", None, None)})
   return {"pos": ("batch",), "blocks": tuple(blocks)}
 
 

@@ -85,14 +85,20 @@ def plan_from_config(config) -> Plan:
               cache_bytes=c.cache_bytes or _DTYPE_BYTES[cache_dtype], reserve_gib=c.reserve_gib)
 
 def engine_slots(config) -> int:
-  """The engine's max_concurrent_decodes: rollout.slots, or the planner's count capped at max_slots."""
+  """The engine's max_concurrent_decodes: rollout.slots, or the planner's count capped at max_slots.
+
+  A kept turn (rollout.turn_cache, rl/rollout/turn_cache.py) holds one slot's state, so the
+  planner's count is shared between decode slots and kept turns.
+  """
   if config.rollout.slots:
     return int(config.rollout.slots)
   p = plan_from_config(config)
-  if p.per_engine < 1:
+  kept = int(config.rollout.turn_cache)
+  if p.per_engine - kept < 1:
     raise ValueError(f"no sequence of {p.context_len} tokens fits: {p.free_bytes / GIB:.1f} GiB "
-                     f"free after weights, {p.bytes_per_seq / GIB:.2f} GiB per sequence")
-  return int(min(p.per_engine, config.rollout.max_slots))
+                     f"free after weights, {p.bytes_per_seq / GIB:.2f} GiB per sequence, room "
+                     f"for {p.per_engine} of which rollout.turn_cache keeps {kept} turns")
+  return int(min(p.per_engine - kept, config.rollout.max_slots))
 
 
 # The report's rollout layouts (Mercor x SkyRL): bf16 weights and caches, 160k context.

@@ -26,6 +26,15 @@ With prefix buckets (`rollout.prefix_cache`), a prompt that extends the prefix a
 (the system turn; learned by rl/rollout/prefix_cache.py) is prefilled from that prefix's cached
 state on: the prefix costs one prefill per weights version instead of one per prompt.
 
+With a turn cache (`rollout.turn_cache` > 0; rl/rollout/turn_cache.py) a request that ends keeps
+its slot's state, and the conversation's next prompt is prefilled from it: only the tokens after
+the last turn. For that, a slot whose request has sampled a stop id or its max_tokens stops
+changing (`done`): JetStream's generate loop keeps stepping every slot, and the detokenize
+thread sees a finished request a step or more late, by which time a recurrent (Gated DeltaNet)
+state would have moved on past the turn's end. The kept state is copied out of the decode
+state before the slot takes a new request (`keep_turn`, drained under the state lock by
+`insert` and `prefill`).
+
 Results are `SampledTokens`: JetStream's `ResultTokens` (token, valid, length columns)
 extended with the logprob of each token; stop ids and max_tokens are applied per request by
 the orchestrator (rl/rollout/orchestrator.py), which also returns the stop id itself.
@@ -48,6 +57,7 @@ from jetstream.engine import tokenizer_pb2
 from models import qwen3_5
 from rl.rollout import prefix_cache as prefix_lib
 from rl.rollout import sampling
+from rl.rollout import turn_cache as turn_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +69,11 @@ class SamplingSettings:
   seed: Optional[int] = None
 
 
+# Stop ids a slot can watch for on the device (the freeze of a finished slot's state); a request
+# with more is served as before, its turn not kept.
+MAX_STOP_IDS = 8
+
+
 @dataclasses.dataclass(frozen=True)
 class PrefillInput:
   """What the orchestrator hands `prefill` as `padded_tokens`: ids padded to a bucket + sampling.
@@ -68,6 +83,8 @@ class PrefillInput:
   """
   tokens: np.ndarray           # [bucket] int32, valid on [0, true_length)
   sampling: SamplingSettings
+  stop_ids: Optional[tuple] = None  # the request's stop ids (its slot's state freezes at one); None = the engine's
+  max_tokens: int = 0          # the request's token budget; 0 = until the slot is full
 
 
 @struct.dataclass
@@ -110,10 +127,6 @@ class ParamsHandle:
       self._params = params
       self.version = self.version + 1 if version is None else int(version)
       return self.version
-
-
-def _unwrap(params):
-  return params.get()[0] if isinstance(params, ParamsHandle) else params
 
 
 def _shares_buffers(a, b) -> bool:
@@ -183,13 +196,15 @@ class QwenEngine(engine_api.Engine):
       each, at first use); () = no prefix cache: every prompt is prefilled whole.
     prefix_min_len: the shortest shared prefix worth caching (rl/rollout/prefix_cache.py).
     initial_version: the version the first params are served as (responses report it).
+    turn_cache: finished turns whose slot state is kept for the conversation's next prompt
+      (rl/rollout/turn_cache.py); 0 = none.
   """
 
   def __init__(self, cfg, *, slots: int, max_len: int, prefill_buckets: Sequence[int],
                params=None, init_seed: int = 0, default_sampling: SamplingSettings = SamplingSettings(),
                stop_ids: Sequence[int] = (), cache_dtype: Optional[str] = None, tokenizer_cfg=None,
                mesh=None, rules=None, prefix_buckets: Sequence[int] = (), prefix_min_len: int = 256,
-               initial_version: int = 0):
+               initial_version: int = 0, turn_cache: int = 0):
     if max_len > cfg.max_position_embeddings:
       raise ValueError(f"max_len {max_len} > model max_position_embeddings "
                        f"{cfg.max_position_embeddings}")
@@ -227,6 +242,16 @@ class QwenEngine(engine_api.Engine):
     self._shared = (prefix_lib.SharedPrefix(cfg.gdn_chunk_size, prefix_min_len)
                     if self.prefix_buckets else None)
     self._too_long = 0   # prompts that extend the shared prefix by more than the largest bucket
+    self._turns = turn_lib.TurnCache(turn_cache) if turn_cache > 0 else None
+    self._turn_too_long = 0   # prompts whose new tokens after a kept turn fit no bucket
+    # The decode state a kept turn is copied from: the last one insert / generate returned,
+    # read and replaced under this lock (the next call donates it).
+    self._state_lock = threading.Lock()
+    self._last_state = None
+    self._pending_turns: list[tuple[int, np.ndarray]] = []
+    self._append_jit = jax.jit(self._append_impl, donate_argnums=(1,))
+    self._row_jit = jax.jit(lambda state, slot: (qwen3_5.cache_row(state["cache"], slot),
+                                                 state["version"][slot]))
     self._insert_jit = jax.jit(self._insert_impl, donate_argnums=(1,))
     self._generate_jit = jax.jit(self._generate_impl, donate_argnums=(1,))
 
@@ -242,7 +267,7 @@ class QwenEngine(engine_api.Engine):
         default_sampling=SamplingSettings(r.temperature, r.top_p, r.top_k, None),
         stop_ids=r.stop_ids, cache_dtype=r.cache_dtype or None, tokenizer_cfg=config.tokenizer,
         prefix_buckets=r.prefix_buckets if r.prefix_cache else (),
-        prefix_min_len=r.prefix_min_len)
+        prefix_min_len=r.prefix_min_len, turn_cache=r.turn_cache)
     kw.update(overrides)
     return cls(cfg, **kw)
 
@@ -255,44 +280,71 @@ class QwenEngine(engine_api.Engine):
     from models import sharding  # pylint: disable=g-import-not-at-top
     return sharding.use_mesh(self._mesh, self._rules)
 
-  def _prefill_impl(self, params, tokens, length, seed_lo, seed_hi, temperature, top_k, top_p):
+  # `request` below: (seed_lo, seed_hi, temperature, top_k, top_p, stop [K], budget, version),
+  # the request's own settings, which travel with its prefix into the slot.
+
+  def _prefill_impl(self, params, tokens, length, *request):
     """tokens [1, bucket] int32, length [1] int32 -> prefix (KV length = bucket)."""
     # KV length = bucket: a short prompt's prefix stays small; insert pads it to max_len.
     logits, cache = qwen3_5.prefill(self.cfg, params, tokens, length, tokens.shape[1])
-    return self._prefix(logits, cache, seed_lo, seed_hi, temperature, top_k, top_p)
+    return self._prefix(logits, cache, *request)
 
-  def _extend_impl(self, params, prefix_cache, tokens, length, seed_lo, seed_hi, temperature,
-                   top_k, top_p):
+  def _extend_impl(self, params, prefix_cache, tokens, length, *request):
     """The shared prefix's cache (KV length P) + tokens [1, bucket] after it -> prefix (KV length
     P + bucket)."""
     logits, cache = qwen3_5.prefill_extend(self.cfg, params, prefix_cache, tokens, length)
-    return self._prefix(logits, cache, seed_lo, seed_hi, temperature, top_k, top_p)
+    return self._prefix(logits, cache, *request)
+
+  def _append_impl(self, params, turn_cache, tokens, length, *request):
+    """A kept turn's slot cache (KV length max_len) + tokens [1, bucket] after it, written in
+    place -> prefix (KV length max_len)."""
+    logits, cache = qwen3_5.prefill_append(self.cfg, params, turn_cache, tokens, length)
+    return self._prefix(logits, cache, *request)
 
   @staticmethod
-  def _prefix(logits, cache, seed_lo, seed_hi, temperature, top_k, top_p):
+  def _prefix(logits, cache, seed_lo, seed_hi, temperature, top_k, top_p, stop, budget, version):
     key = jax.random.fold_in(jax.random.key(seed_lo), seed_hi)
+    one = lambda x, dt: jnp.reshape(x, (1,) + jnp.shape(x)).astype(dt)
     return {"cache": cache, "logits": logits,
             "key": jax.random.key_data(key)[None].astype(jnp.uint32),
-            "temperature": jnp.reshape(temperature, (1,)).astype(jnp.float32),
-            "top_k": jnp.reshape(top_k, (1,)).astype(jnp.int32),
-            "top_p": jnp.reshape(top_p, (1,)).astype(jnp.float32)}
+            "temperature": one(temperature, jnp.float32), "top_k": one(top_k, jnp.int32),
+            "top_p": one(top_p, jnp.float32), "stop": one(stop, jnp.int32),
+            "budget": one(budget, jnp.int32), "version": one(version, jnp.int32)}
 
   def _insert_impl(self, prefix, state, slot):
     cache = qwen3_5.cache_insert(state["cache"], prefix["cache"], slot)
     put = lambda dst, src: jax.lax.dynamic_update_index_in_dim(dst, src.astype(dst.dtype), slot, 0)
-    out = {"cache": cache, "step": put(state["step"], jnp.zeros((1,), jnp.int32))}
-    for name in ("logits", "key", "temperature", "top_k", "top_p"):
+    out = {"cache": cache, "step": put(state["step"], jnp.zeros((1,), jnp.int32)),
+           "done": put(state["done"], jnp.zeros((1,), bool))}
+    for name in ("logits", "key", "temperature", "top_k", "top_p", "stop", "budget", "version"):
       out[name] = put(state[name], prefix[name])
     return out
 
-  def _generate_impl(self, params, state):
+  def _generate_impl(self, params, state, version):
     keys = jax.vmap(lambda k, s: jax.random.fold_in(jax.random.wrap_key_data(k), s))(
         state["key"], state["step"])
     tokens, logprobs = sampling.sample(state["logits"], state["temperature"], state["top_k"],
                                        state["top_p"], keys)
     logits, cache = qwen3_5.decode_step(self.cfg, params, state["cache"], tokens)
     step = state["step"] + 1
-    new_state = dict(state, cache=cache, logits=logits, step=step)
+    live = ~state["done"]
+    # A live slot served by other weights than its prefix was computed with holds a mixed state.
+    slot_version = jnp.where(live & (state["version"] != version), -1, state["version"])
+    new_state = dict(state, cache=cache, logits=logits, step=step, version=slot_version)
+    if self._turns is not None:
+      # A slot stops changing once its request has sampled (and fed) a stop id or its last
+      # token: what the turn cache keeps is then exactly the conversation's state. The keys
+      # and values a finished slot writes land at its `pos`, past its tokens, and are
+      # overwritten by whatever comes next; only the recurrent state and `pos` must hold.
+      def hold(new, old):
+        shape = (1, live.shape[0]) + (1,) * (new.ndim - 2)
+        return jnp.where(live.reshape(shape), new, old)
+      blocks = tuple({k: (v if k in ("k", "v") else hold(v, old[k])) for k, v in b.items()}
+                     for b, old in zip(cache["blocks"], state["cache"]["blocks"]))
+      new_state["cache"] = {"pos": jnp.where(live, cache["pos"], state["cache"]["pos"]),
+                            "blocks": blocks}
+      finished = (tokens[:, None] == state["stop"]).any(axis=1) | (step >= state["budget"])
+      new_state["done"] = state["done"] | finished
     data = jnp.stack([tokens, jnp.ones_like(tokens), step], axis=1)  # token, valid, length
     return new_state, data, logprobs[:, None]
 
@@ -320,6 +372,8 @@ class QwenEngine(engine_api.Engine):
     if bad:
       raise ValueError("new params differ in shape/dtype (this would recompile): " + "; ".join(bad[:5]))
     params = jax.block_until_ready(self._place(params))
+    if self._turns is not None:
+      self._turns.clear()   # computed under the old weights: a next turn would not use them
     return self._handle.swap(params, version)
 
   def params_target(self):
@@ -364,27 +418,43 @@ class QwenEngine(engine_api.Engine):
     return tokens
 
   def prefill(self, *, params, existing_prefix=None, padded_tokens, true_length: int):
-    """Runs the prompt; returns the prefix (cache, last logits, sampling settings)."""
+    """Runs the prompt; returns the prefix (cache, last logits, the request's settings)."""
     if existing_prefix is not None:
       raise NotImplementedError("JetStream's existing_prefix is not supported; the engine "
                                 "caches the prefix prompts share itself (rollout.prefix_cache)")
+    stop_ids, max_tokens = self.stop_ids, 0
     if isinstance(padded_tokens, PrefillInput):
       tokens, s = padded_tokens.tokens, padded_tokens.sampling
+      if padded_tokens.stop_ids is not None:
+        stop_ids = padded_tokens.stop_ids
+      max_tokens = padded_tokens.max_tokens
     else:
       tokens, s = np.asarray(padded_tokens), self.default_sampling
     tokens = np.asarray(tokens, np.int32).reshape(1, -1)
     seed = self.next_seed() if s.seed is None else s.seed
     lo, hi = _split_seed(seed)
-    sampling_args = (lo, hi, np.float32(s.temperature), np.int32(s.top_k), np.float32(s.top_p))
+    stop = np.full((MAX_STOP_IDS,), -1, np.int32)
+    stop[:min(len(stop_ids), MAX_STOP_IDS)] = list(stop_ids)[:MAX_STOP_IDS]
+    budget = np.int32(max_tokens if max_tokens > 0 else self.max_len)
+    if isinstance(params, ParamsHandle):
+      weights, version = params.get()   # one read: every part of the prompt sees one version
+    else:
+      weights, version = params, -1
+    request = (lo, hi, np.float32(s.temperature), np.int32(s.top_k), np.float32(s.top_p), stop,
+               budget, np.int32(version))
+    prompt = tokens[0, :true_length]
     with self._ctx():
-      if self._shared is not None and isinstance(params, ParamsHandle):
-        out = self._prefill_after_shared(params, tokens[0, :true_length], sampling_args)
+      if self._turns is not None and version >= 0:
+        out = self._prefill_after_turn(weights, version, prompt, request)
         if out is not None:
           return out
-      return self._prefill_jit(_unwrap(params), tokens, np.asarray([true_length], np.int32),
-                               *sampling_args)
+      if self._shared is not None and version >= 0:
+        out = self._prefill_after_shared(weights, version, prompt, request)
+        if out is not None:
+          return out
+      return self._prefill_jit(weights, tokens, np.asarray([true_length], np.int32), *request)
 
-  def _prefill_after_shared(self, handle: ParamsHandle, prompt: np.ndarray, sampling_args):
+  def _prefill_after_shared(self, params, version: int, prompt: np.ndarray, request):
     """The prompt's prefix from the shared prefix's cache and a prefill of the rest; None when
     the prompt does not extend the shared prefix or no bucket holds the rest."""
     n_prefix = self._shared.match(prompt)
@@ -395,15 +465,65 @@ class QwenEngine(engine_api.Engine):
     if not fits:
       self._too_long += 1
       return None
-    params, version = handle.get()   # one read: the prefix and the rest see the same weights
-    no_sampling = (np.uint32(0), np.uint32(0), np.float32(1.0), np.int32(0), np.float32(1.0))
+    no_request = (np.uint32(0), np.uint32(0), np.float32(1.0), np.int32(0), np.float32(1.0),
+                  np.full((MAX_STOP_IDS,), -1, np.int32), np.int32(0), np.int32(version))
     compute = lambda t: self._prefill_jit(params, t[None], np.asarray([len(t)], np.int32),
-                                          *no_sampling)["cache"]
+                                          *no_request)["cache"]
     prefix_cache = self._shared.cache_for(version, prompt[:n_prefix], compute)
     tokens = np.zeros((1, fits[0]), np.int32)
     tokens[0, :rest] = prompt[n_prefix:]
-    return self._extend_jit(params, prefix_cache, tokens, np.asarray([rest], np.int32),
-                            *sampling_args)
+    return self._extend_jit(params, prefix_cache, tokens, np.asarray([rest], np.int32), *request)
+
+  # -- kept turns ---------------------------------------------------------------------------
+
+  @property
+  def keeps_turns(self) -> bool:
+    return self._turns is not None
+
+  def keep_turn(self, slot: int, tokens: Sequence[int]) -> None:
+    """Slot `slot`'s request has ended and its state holds `tokens` (prompt and every sampled
+    token): keep that state for the conversation's next prompt. Call before the slot is freed;
+    the copy is taken before the slot's next insert."""
+    if self._turns is None:
+      return
+    with self._state_lock:
+      self._pending_turns.append((int(slot), np.asarray(tokens, np.int32)))
+
+  def _take_pending_turns(self) -> None:
+    """Copies the slots of requests that ended out of the last decode state (lock held)."""
+    pending, self._pending_turns = self._pending_turns, []
+    if self._last_state is None:
+      return
+    for slot, tokens in pending:
+      cache, version = self._row_jit(self._last_state, np.int32(slot))
+      self._turns.keep(tokens, version, cache)
+
+  def _prefill_after_turn(self, params, version: int, prompt: np.ndarray, request):
+    """The prompt's prefix from a kept turn it extends and a prefill of the new tokens, in
+    place; None when it extends none (or under other weights) or no bucket holds the rest."""
+    with self._state_lock:
+      self._take_pending_turns()
+    hit = self._turns.take(prompt, version)
+    if hit is None:
+      return None
+    n_kept, turn_cache = hit
+    rest = len(prompt) - n_kept
+    fits = [b for b in (self.prefix_buckets or self.buckets)
+            if b >= rest and n_kept + b <= self.max_len]
+    if not fits:
+      self._turn_too_long += 1
+      return None
+    tokens = np.zeros((1, fits[0]), np.int32)
+    tokens[0, :rest] = prompt[n_kept:]
+    return self._append_jit(params, turn_cache, tokens, np.asarray([rest], np.int32), *request)
+
+  def turn_cache_stats(self) -> dict:
+    """Turns kept, prompts that continued one (hits) or none (misses), that extended one kept
+    under other weights (stale), whose new tokens fit no bucket (too_long), entries dropped for
+    room (evicted) and held now."""
+    if self._turns is None:
+      return {}
+    return dict(self._turns.stats(), too_long=self._turn_too_long)
 
   def prefix_cache_stats(self) -> dict:
     """Prompts that extended the shared prefix (hits; of them, too_long: a rest longer than the
@@ -417,11 +537,25 @@ class QwenEngine(engine_api.Engine):
 
   def insert(self, prefix, decode_state, slot: int):
     with self._ctx():
-      return self._insert_jit(prefix, decode_state, np.int32(slot))
+      if self._turns is None:
+        return self._insert_jit(prefix, decode_state, np.int32(slot))
+      with self._state_lock:
+        self._take_pending_turns()   # a kept turn may be in the slot this insert overwrites
+        self._last_state = self._insert_jit(prefix, decode_state, np.int32(slot))
+        return self._last_state
 
   def generate(self, params, decode_state):
+    if isinstance(params, ParamsHandle):
+      weights, version = params.get()
+    else:
+      weights, version = params, -1
     with self._ctx():
-      state, data, logprobs = self._generate_jit(_unwrap(params), decode_state)
+      if self._turns is None:
+        state, data, logprobs = self._generate_jit(weights, decode_state, np.int32(version))
+      else:
+        with self._state_lock:
+          state, data, logprobs = self._generate_jit(weights, decode_state, np.int32(version))
+          self._last_state = state
     return state, SampledTokens(data=data, tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3),
                                 samples_per_slot=1, logprobs=logprobs)
 
@@ -436,6 +570,10 @@ class QwenEngine(engine_api.Engine):
         "temperature": jnp.ones((b,), jnp.float32),
         "top_k": jnp.zeros((b,), jnp.int32),
         "top_p": jnp.ones((b,), jnp.float32),
+        "stop": jnp.full((b, MAX_STOP_IDS), -1, jnp.int32),
+        "budget": jnp.zeros((b,), jnp.int32),
+        "version": jnp.full((b,), -1, jnp.int32),
+        "done": jnp.ones((b,), bool),   # an empty slot has nothing to advance
     }
     if self._mesh is not None:
       from models import sharding  # pylint: disable=g-import-not-at-top

@@ -42,6 +42,7 @@ from jetstream.core.utils import async_multifuture
 from jetstream.engine import engine_api
 
 from rl.rollout import protocol
+from rl.rollout.engine import MAX_STOP_IDS
 from rl.rollout.engine import PrefillInput
 from rl.rollout.engine import QwenEngine
 from rl.rollout.engine import SamplingSettings
@@ -57,6 +58,7 @@ class TitoRequest(orchestrator.ActiveRequest):
   stop_ids: frozenset = frozenset()
   prompt_len: int = 0
   emitted: int = 0
+  sampled: list = dataclasses.field(default_factory=list)  # the ids emitted so far
 
 
 @dataclasses.dataclass
@@ -103,7 +105,8 @@ class TitoDriver(orchestrator.Driver):
     del tokenizer, is_bos, max_prefill_length
     engine = self._prefill_engines[0]
     ids = request.prefill_content
-    return PrefillInput(engine.pad_prompt(ids), request.sampling), len(ids)
+    return PrefillInput(engine.pad_prompt(ids), request.sampling, tuple(sorted(request.stop_ids)),
+                        request.max_tokens), len(ids)
 
   def busy_slots(self, idx: int = 0) -> int:
     """Slots of generate engine `idx` that hold a live request.
@@ -152,8 +155,14 @@ class TitoDriver(orchestrator.Driver):
         elif request.emitted >= request.max_tokens:
           finish = FINISH_LENGTH
         channel.add_result(Chunk(token, logprob, finish, version))
+        if engine.keeps_turns:
+          request.sampled.append(token)
         if finish:
           channel.close()
+          # The slot's state now holds the whole conversation so far (frozen on the device
+          # once the request finished); kept before the slot is freed for another request.
+          if engine.keeps_turns and len(request.stop_ids) <= MAX_STOP_IDS:
+            engine.keep_turn(slot, list(request.prefill_content) + request.sampled)
           release(slot)
 
 

@@ -1,4 +1,6 @@
 """Capacity planner: per-sequence decode state and the engine's slot count."""
+import pytest
+
 from configs import tiny_cpu
 from configs import base
 from models import qwen3_5
@@ -36,5 +38,10 @@ def test_engine_slots_from_the_planner():
   p = capacity.plan_from_config(c)
   assert 0 < p.per_engine < c.rollout.max_slots
   assert capacity.engine_slots(c) == p.per_engine
+  c.rollout.turn_cache = 5                             # kept turns take slots' room
+  assert capacity.engine_slots(c) == p.per_engine - 5
+  c.rollout.turn_cache = p.per_engine
+  with pytest.raises(ValueError, match="turn_cache"):
+    capacity.engine_slots(c)
   c.rollout.slots = 3
   assert capacity.engine_slots(c) == 3
