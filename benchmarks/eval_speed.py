@@ -70,6 +70,7 @@ def run_arm(config, params, buckets, overrides, tasks, fmt, passes: int = 1):
     engine_buckets = server.engine.buckets
     prefix_stats = server.engine.prefix_cache_stats()
     turn_stats = server.engine.turn_cache_stats()
+    prompt_tokens, prefilled = server.engine.prompt_tokens, server.engine.prefilled_tokens
   finally:
     server.stop()
   s = loop.summarize_eval(results, tasks, cfg.loop.bootstrap, cfg.seed)
@@ -81,7 +82,8 @@ def run_arm(config, params, buckets, overrides, tasks, fmt, passes: int = 1):
   pad = float(np.mean([min(b for b in engine_buckets if b >= n) - n for n in lens])) if len(lens) else 0.0
   return {"buckets": engine_buckets, "warmup_s": t_warm, "eval_s": t_eval, "pass_s": pass_s, "pass_at_1": s["pass_at_1"],
           "ci": s["pass_at_1_ci95"], "prefills": len(lens), "per_bucket": use, "mean_pad": pad,
-          "timing": timing, "prefix_cache": prefix_stats, "turn_cache": turn_stats}
+          "timing": timing, "prefix_cache": prefix_stats, "turn_cache": turn_stats,
+          "prompt_tokens": prompt_tokens, "prefilled_tokens": prefilled}
 
 
 def main():
@@ -122,6 +124,9 @@ def main():
       print("  shared-prefix cache: " + ", ".join(f"{k} {v}" for k, v in r["prefix_cache"].items()))
     if r["turn_cache"]:
       print("  turn cache: " + ", ".join(f"{k} {v}" for k, v in r["turn_cache"].items()))
+    print(f"  prompt tokens {r['prompt_tokens']}, of them prefilled {r['prefilled_tokens']} "
+          f"({r['prefilled_tokens'] / max(1, r['prompt_tokens']):.3f}; the rest read from cached "
+          f"states), over all passes")
     print("  episode time summed over episodes (s): " +
           ", ".join(f"{k} {v:.0f}" for k, v in r["timing"].items()))
     if len(r["pass_s"]) > 1:

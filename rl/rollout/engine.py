@@ -244,6 +244,8 @@ class QwenEngine(engine_api.Engine):
     self._too_long = 0   # prompts that extend the shared prefix by more than the largest bucket
     self._turns = turn_lib.TurnCache(turn_cache) if turn_cache > 0 else None
     self._turn_too_long = 0   # prompts whose new tokens after a kept turn fit no bucket
+    self.prompt_tokens = 0     # prompt tokens requests brought
+    self.prefilled_tokens = 0  # of them, those prefill computed (not read from a cached state)
     # The decode state a kept turn is copied from: the last one insert / generate returned,
     # read and replaced under this lock (the next call donates it).
     self._state_lock = threading.Lock()
@@ -443,6 +445,7 @@ class QwenEngine(engine_api.Engine):
     request = (lo, hi, np.float32(s.temperature), np.int32(s.top_k), np.float32(s.top_p), stop,
                budget, np.int32(version))
     prompt = tokens[0, :true_length]
+    self.prompt_tokens += int(true_length)
     with self._ctx():
       if self._turns is not None and version >= 0:
         out = self._prefill_after_turn(weights, version, prompt, request)
@@ -452,6 +455,7 @@ class QwenEngine(engine_api.Engine):
         out = self._prefill_after_shared(weights, version, prompt, request)
         if out is not None:
           return out
+      self.prefilled_tokens += int(true_length)
       return self._prefill_jit(weights, tokens, np.asarray([true_length], np.int32), *request)
 
   def _prefill_after_shared(self, params, version: int, prompt: np.ndarray, request):
@@ -472,6 +476,7 @@ class QwenEngine(engine_api.Engine):
     prefix_cache = self._shared.cache_for(version, prompt[:n_prefix], compute)
     tokens = np.zeros((1, fits[0]), np.int32)
     tokens[0, :rest] = prompt[n_prefix:]
+    self.prefilled_tokens += rest
     return self._extend_jit(params, prefix_cache, tokens, np.asarray([rest], np.int32), *request)
 
   # -- kept turns ---------------------------------------------------------------------------
@@ -515,6 +520,7 @@ class QwenEngine(engine_api.Engine):
       return None
     tokens = np.zeros((1, fits[0]), np.int32)
     tokens[0, :rest] = prompt[n_kept:]
+    self.prefilled_tokens += rest
     return self._append_jit(params, turn_cache, tokens, np.asarray([rest], np.int32), *request)
 
   def turn_cache_stats(self) -> dict:

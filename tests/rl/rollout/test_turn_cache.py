@@ -157,6 +157,8 @@ def test_sharded_engine_continues_a_kept_turn_as_one_device_prefills_the_whole()
     reply.append(int(np.asarray(result.data)[1, 0]))
   sharded.keep_turn(1, prompt + reply[:4])
   nxt = prompt + reply[:4] + [40, 41, 42]
+  before = sharded.prefilled_tokens
   continued = prefill(sharded, nxt)
   assert sharded.turn_cache_stats()["hits"] == 1
+  assert sharded.prefilled_tokens - before == 3   # only the tokens after the kept turn
   np.testing.assert_allclose(continued["logits"], prefill(whole, nxt)["logits"], atol=1e-4)
