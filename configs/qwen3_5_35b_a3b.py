@@ -4,6 +4,9 @@
 
 Mesh: experts over `expert` (256 experts / 8), dense weights FSDP over `fsdp` (2), the batch
 over all three. Precision and hyperparameters: configs/report_recipe.py.
+Several hosts: the rollout servers run as their own jobs (`launch.py --mode=serve
+--config.rollout.mesh_shape=...` on each; `rollout.servers` and `rollout.weights_dir` for the
+trainer): an in-process engine serves from one process only (rl/rollout/README.md).
 """
 from configs import base
 from configs import report_recipe

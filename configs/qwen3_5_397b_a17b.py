@@ -7,6 +7,9 @@ dimension FSDP over `fsdp` (8), the batch over both. Precision and hyperparamete
 configs/report_recipe.py. For a TPU v5p-512 slice (256 chips of 95 GiB):
   --config.mesh.shape="(1,32,8,1)" --config.plan.num_devices=256
   --config.plan.device_kind="TPU v5p" --config.plan.device_memory_gib=95
+Several hosts: the rollout servers run as their own jobs (`launch.py --mode=serve
+--config.rollout.mesh_shape=...` on each; `rollout.servers` and `rollout.weights_dir` for the
+trainer): an in-process engine serves from one process only (rl/rollout/README.md).
 """
 from configs import base
 from configs import report_recipe

@@ -177,6 +177,38 @@ class TokenTokenizer(tokenizer_api.Tokenizer):
     return set(self._stop)
 
 
+def engine_mesh(config):
+  """(mesh, logical-axis rules) of the engine, or (None, None) for one device.
+
+  `rollout.mesh_shape` over `mesh.axes` with `mesh.rules`, across all devices; () = `mesh.shape`:
+  in the default layout the engine lives in the trainer's process on the trainer's devices, and
+  with the train step's own layout a weight sync copies each shard on its device. A rollout server
+  in its own job (`--mode=serve`) sets the shape of its own devices; a shape without -1 takes the
+  first devices it needs. Raises `models.sharding.MeshError` when the shape needs more devices
+  than there are, or on several processes.
+  """
+  import types  # pylint: disable=g-import-not-at-top
+  from models import sharding  # pylint: disable=g-import-not-at-top
+  if jax.process_count() > 1:
+    # Each host would run its own JetStream server over a mesh spanning every host's devices.
+    raise sharding.MeshError(
+        f"an in-process rollout engine on {jax.process_count()} processes is not supported: run "
+        f"rollout servers as separate jobs (launch.py --mode=serve on each, rollout.servers and "
+        f"rollout.weights_dir for the trainer)")
+  shape = tuple(int(n) for n in (tuple(config.rollout.mesh_shape) or tuple(config.mesh.shape)))
+  # A shape without -1 may take the first of more devices (one for a small model).
+  wanted = jax.device_count() if -1 in shape else min(int(np.prod(shape)), jax.device_count())
+  try:
+    resolved = sharding.resolve_mesh_shape(config.mesh.axes, shape, wanted)
+  except sharding.MeshError as e:
+    raise sharding.MeshError(f"rollout engine: {e} (set rollout.mesh_shape)") from e
+  if int(np.prod(resolved)) == 1:
+    return None, None
+  mesh = sharding.make_mesh(types.SimpleNamespace(axes=tuple(config.mesh.axes), shape=resolved),
+                            devices=jax.devices()[:wanted])
+  return mesh, sharding.rules_from_config(config.mesh.rules)
+
+
 class QwenEngine(engine_api.Engine):
   """JetStream engine for the Qwen3.5 model (models/qwen3_5.py).
 
@@ -251,7 +283,7 @@ class QwenEngine(engine_api.Engine):
     self._state_lock = threading.Lock()
     self._last_state = None
     self._pending_turns: list[tuple[int, np.ndarray]] = []
-    self._append_jit = jax.jit(self._append_impl, donate_argnums=(1,))
+    self._append_jit = jax.jit(self._append_impl, donate_argnums=(1,), static_argnames=("key_len",))
     self._row_jit = jax.jit(lambda state, slot: (qwen3_5.cache_row(state["cache"], slot),
                                                  state["version"][slot]))
     self._insert_jit = jax.jit(self._insert_impl, donate_argnums=(1,))
@@ -259,17 +291,18 @@ class QwenEngine(engine_api.Engine):
 
   @classmethod
   def from_config(cls, config, params=None, **overrides) -> "QwenEngine":
-    """Builds the engine from the `model`, `rollout`, `tokenizer` and `seed` config sections."""
+    """Builds the engine from the `model`, `rollout`, `tokenizer`, `mesh` and `seed` sections."""
     from rl.rollout import capacity  # pylint: disable=g-import-not-at-top
     r = config.rollout
     cfg = qwen3_5.config_from_dict(config.model)
+    mesh, rules = engine_mesh(config)
     kw = dict(
         slots=capacity.engine_slots(config), max_len=r.max_len, prefill_buckets=r.prefill_buckets,
         params=params, init_seed=config.seed,
         default_sampling=SamplingSettings(r.temperature, r.top_p, r.top_k, None),
         stop_ids=r.stop_ids, cache_dtype=r.cache_dtype or None, tokenizer_cfg=config.tokenizer,
         prefix_buckets=r.prefix_buckets if r.prefix_cache else (),
-        prefix_min_len=r.prefix_min_len, turn_cache=r.turn_cache)
+        prefix_min_len=r.prefix_min_len, turn_cache=r.turn_cache, mesh=mesh, rules=rules)
     kw.update(overrides)
     return cls(cfg, **kw)
 
@@ -297,9 +330,17 @@ class QwenEngine(engine_api.Engine):
     logits, cache = qwen3_5.prefill_extend(self.cfg, params, prefix_cache, tokens, length)
     return self._prefix(logits, cache, *request)
 
-  def _append_impl(self, params, turn_cache, tokens, length, *request):
-    """A kept turn's slot cache (KV length max_len) + tokens [1, bucket] after it, written in
-    place -> prefix (KV length max_len)."""
+  def _append_impl(self, params, turn_cache, tokens, length, *request, key_len: int):
+    """A kept turn's slot cache + tokens [1, bucket] after it, written in place -> prefix (KV
+    length key_len).
+
+    The kept KV (length max_len) is cut to `key_len` (>= the tokens kept + bucket) first, so the
+    new tokens are scored against the keys up to where they can reach rather than all max_len;
+    insert pads the prefix back to max_len.
+    """
+    cut = lambda x, k: x[:, :, :key_len] if k in ("k", "v") else x
+    turn_cache = {"pos": turn_cache["pos"],
+                  "blocks": tuple({k: cut(v, k) for k, v in b.items()} for b in turn_cache["blocks"])}
     logits, cache = qwen3_5.prefill_append(self.cfg, params, turn_cache, tokens, length)
     return self._prefix(logits, cache, *request)
 
@@ -521,7 +562,10 @@ class QwenEngine(engine_api.Engine):
     tokens = np.zeros((1, fits[0]), np.int32)
     tokens[0, :rest] = prompt[n_kept:]
     self.prefilled_tokens += rest
-    return self._append_jit(params, turn_cache, tokens, np.asarray([rest], np.int32), *request)
+    # Keys up to a prefill bucket: one compile per (bucket, key bucket) pair, at first use.
+    key_len = min([b for b in self.buckets if b >= n_kept + fits[0]] + [self.max_len])
+    return self._append_jit(params, turn_cache, tokens, np.asarray([rest], np.int32), *request,
+                            key_len=key_len)
 
   def turn_cache_stats(self) -> dict:
     """Turns kept, prompts that continued one (hits) or none (misses), that extended one kept

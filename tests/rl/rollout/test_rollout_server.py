@@ -232,6 +232,52 @@ def test_weights_synced_from_a_donated_train_state_stay_served(client, server, m
     server.update_weights(old)
 
 
+def test_engine_on_a_mesh_from_config_serves_the_models_greedy_tokens(config, model, full_forward):
+  """`rollout.mesh_shape` (1, 2, 2, 2): the engine's params and decode state spread over 8
+  devices; served tokens equal the recompute, before and after a weight sync from a train
+  layout on the same devices."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from rl.rollout import serve
+  cfg, old = model
+  c = config.copy_and_resolve_references()
+  with c.unlocked():
+    c.rollout.mesh_shape = (1, 2, 2, 2)
+  s = serve.build_server(c, params=old, port=0, warmup=False)
+  client = TokenClient(s.address, timeout_s=120)
+  try:
+    assert s.engine.mesh.size == 8
+    assert len(s.engine.load_params().get()[0]["embed"].sharding.device_set) == 8
+    for prompt in PROMPTS[:2]:
+      want = greedy_by_recompute(full_forward, old, prompt, 6)
+      assert client.generate(prompt, GREEDY, max_tokens=6, stop_ids=[]).ids == want
+    new = qwen3_5.init_params(cfg, jax.random.key(7))
+    train_mesh = jax.make_mesh((8,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,))
+    s.update_weights(jax.tree.map(
+        lambda x: jax.device_put(x, NamedSharding(train_mesh, P("fsdp") if x.shape[0] % 8 == 0
+                                                  else P())), new))
+    want = greedy_by_recompute(full_forward, new, PROMPTS[0], 6)
+    assert client.generate(PROMPTS[0], GREEDY, max_tokens=6, stop_ids=[]).ids == want
+  finally:
+    client.close()
+    s.stop()
+
+
+def test_engine_mesh_takes_the_devices_it_names_and_refuses_more_than_there_are(config):
+  from models.sharding import MeshError
+  from rl.rollout.engine import engine_mesh
+  c = config.copy_and_resolve_references()
+  with c.unlocked():
+    c.rollout.mesh_shape = (1, 3, 3, 1)     # 9 of the 8 devices
+  with pytest.raises(MeshError, match="rollout.mesh_shape"):
+    engine_mesh(c)
+  with c.unlocked():
+    c.rollout.mesh_shape = (1, 1, 1, 2)     # the first 2 of 8
+  assert engine_mesh(c)[0].devices.size == 2
+  with c.unlocked():
+    c.rollout.mesh_shape = (1, 1, 1, 1)     # one device: no mesh
+  assert engine_mesh(c) == (None, None)
+
+
 def test_generate_thread_survives_the_last_slot_freed_mid_step(server, monkeypatch):
   """JetStream's slot-count race, forced: the detokenize thread holds the first decode step's
   result until the generate thread (which counted a busy slot and holds one free slot) is in
