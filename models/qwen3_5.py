@@ -276,15 +276,7 @@ def prefill_extend(cfg: ModelConfig, params, prefix_cache, tokens, lengths):
     with pos = P + lengths): what `prefill` of the prefix and tokens together returns, up to
     float rounding, without recomputing the prefix.
   """
-  t = tokens.shape[1]
-  positions = prefix_cache["pos"][:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-  x = jnp.take(params["embed"], tokens, axis=0).astype(cfg.jnp_dtype)
-  x, _, blocks = _run_layers(cfg, params, x, positions, cache=prefix_cache, lengths=lengths,
-                             mode="extend")
-  last = jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0]
-  last = norm.rms_norm(last, params["final_norm"], cfg.rms_norm_eps)
-  pos = prefix_cache["pos"] + lengths.astype(jnp.int32)
-  return logits_from_hidden(cfg, params, last), {"pos": pos, "blocks": blocks}
+  return _continue(cfg, params, prefix_cache, tokens, lengths, "extend")
 
 
 def prefill_append(cfg: ModelConfig, params, cache, tokens, lengths):
@@ -300,11 +292,15 @@ def prefill_append(cfg: ModelConfig, params, cache, tokens, lengths):
     pos + lengths tokens): what `prefill` of the cached tokens and these together returns, up
     to float rounding (the cached part may come from decode steps, i.e. the recurrent rule).
   """
+  return _continue(cfg, params, cache, tokens, lengths, "append")
+
+
+def _continue(cfg: ModelConfig, params, cache, tokens, lengths, mode: str):
+  """Runs right-padded tokens at positions pos.. after `cache` ("extend" or "append" layout)."""
   t = tokens.shape[1]
   positions = cache["pos"][:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
   x = jnp.take(params["embed"], tokens, axis=0).astype(cfg.jnp_dtype)
-  x, _, blocks = _run_layers(cfg, params, x, positions, cache=cache, lengths=lengths,
-                             mode="append")
+  x, _, blocks = _run_layers(cfg, params, x, positions, cache=cache, lengths=lengths, mode=mode)
   last = jnp.take_along_axis(x, (lengths - 1)[:, None, None], axis=1)[:, 0]
   last = norm.rms_norm(last, params["final_norm"], cfg.rms_norm_eps)
   pos = cache["pos"] + lengths.astype(jnp.int32)

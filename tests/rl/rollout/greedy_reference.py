@@ -1,5 +1,6 @@
 """The reference the served greedy tokens are compared with: the model's full forward pass
-recomputed over the whole sequence for every new token."""
+recomputed over the whole sequence for every new token; and a served tiny random model."""
+import contextlib
 import functools
 
 import jax
@@ -23,3 +24,29 @@ def greedy_by_recompute(cfg, params, prompt, n: int, max_len: int) -> list:
     tokens[0, :len(ids)] = ids
     ids.append(int(jnp.argmax(_forward(cfg)(params, jnp.asarray(tokens))[0, len(ids) - 1])))
   return ids[len(prompt):]
+
+
+@contextlib.contextmanager
+def tiny_server(max_len: int, prefill_buckets=(192,), **rollout):
+  """A JetStream server (2 slots) of the tiny model at a wide random init, so that greedy
+  tokens are far from ties and comparable across numerical paths, with `rollout` settings.
+  Yields (server, TokenClient, model cfg, params)."""
+  from configs import tiny_cpu
+  from rl.rollout import serve
+  from rl.rollout.client import TokenClient
+  c = tiny_cpu.get_config()
+  c.unlock()
+  c.rollout.slots = 2
+  c.rollout.max_len = max_len
+  c.rollout.prefill_buckets = tuple(prefill_buckets)
+  c.rollout.update(rollout)
+  c.model.initializer_range = 0.2
+  cfg = qwen3_5.config_from_dict(c.model)
+  params = qwen3_5.init_params(cfg, jax.random.key(c.seed))
+  s = serve.build_server(c, params=params, port=0, warmup=False)
+  client = TokenClient(s.address, timeout_s=120)
+  try:
+    yield s, client, cfg, params
+  finally:
+    client.close()
+    s.stop()

@@ -6,14 +6,12 @@ import jax
 import numpy as np
 import pytest
 
-from configs import tiny_cpu
 from envs.harness.policy import SamplingParams
 from models import qwen3_5
-from rl.rollout.client import TokenClient
 from rl.rollout.prefix_cache import SharedPrefix
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from greedy_reference import greedy_by_recompute  # noqa: E402
+from greedy_reference import greedy_by_recompute, tiny_server  # noqa: E402
 
 MAX_LEN = 256
 SYSTEM = list(range(600, 700))                   # 100 tokens every prompt opens with
@@ -72,23 +70,9 @@ def test_cache_is_computed_once_per_weights_version():
 
 @pytest.fixture(scope="module")
 def server():
-  from rl.rollout import serve
-  c = tiny_cpu.get_config()
-  c.unlock()
-  c.rollout.slots = 2
-  c.rollout.max_len = MAX_LEN
-  c.rollout.prefill_buckets = (192,)
-  c.rollout.prefix_cache = True
-  c.rollout.prefix_buckets = (32, 64, 128)
-  c.rollout.prefix_min_len = 64
-  c.model.initializer_range = 0.2   # logits far from ties: greedy is comparable across paths
-  cfg = qwen3_5.config_from_dict(c.model)
-  params = qwen3_5.init_params(cfg, jax.random.key(c.seed))
-  s = serve.build_server(c, params=params, port=0, warmup=False)
-  client = TokenClient(s.address, timeout_s=120)
-  yield s, client, cfg, params
-  client.close()
-  s.stop()
+  with tiny_server(MAX_LEN, prefix_cache=True, prefix_buckets=(32, 64, 128),
+                   prefix_min_len=64) as served:
+    yield served
 
 
 def _greedy_by_recompute(cfg, params, prompt, n):

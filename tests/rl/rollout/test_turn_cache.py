@@ -7,14 +7,12 @@ import jax
 import numpy as np
 import pytest
 
-from configs import tiny_cpu
 from envs.harness.policy import SamplingParams
 from models import qwen3_5
-from rl.rollout.client import TokenClient
 from rl.rollout.turn_cache import TurnCache
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from greedy_reference import greedy_by_recompute  # noqa: E402
+from greedy_reference import greedy_by_recompute, tiny_server  # noqa: E402
 
 MAX_LEN = 256
 SYSTEM = list(range(600, 700))
@@ -52,23 +50,9 @@ def test_the_oldest_turns_give_way_past_capacity():
 
 @pytest.fixture(scope="module")
 def server():
-  from rl.rollout import serve
-  c = tiny_cpu.get_config()
-  c.unlock()
-  c.rollout.slots = 2
-  c.rollout.max_len = MAX_LEN
-  c.rollout.prefill_buckets = (192,)
-  c.rollout.prefix_buckets = (32, 64, 128)
-  c.rollout.prefix_min_len = 64
-  c.rollout.turn_cache = 4
-  c.model.initializer_range = 0.2   # logits far from ties: greedy is comparable across paths
-  cfg = qwen3_5.config_from_dict(c.model)
-  params = qwen3_5.init_params(cfg, jax.random.key(c.seed))
-  s = serve.build_server(c, params=params, port=0, warmup=False)
-  client = TokenClient(s.address, timeout_s=120)
-  yield s, client, cfg, params
-  client.close()
-  s.stop()
+  with tiny_server(MAX_LEN, prefix_cache=True, prefix_buckets=(32, 64, 128), prefix_min_len=64,
+                   turn_cache=4) as served:
+    yield served
 
 
 def _reference(cfg, params, prompt, n):
