@@ -124,12 +124,14 @@ def test_rl_steps_with_the_rollout_server_as_a_separate_job(tmp_path):
   assert sorted(m["step"] for m in metrics if m["phase"] == "train") == [1, 2]
 
 
-def test_sft_first_then_rl_steps_with_rollouts_drawn_one_step_ahead(tmp_path):
+def test_sft_first_then_rl_steps_with_rollouts_drawn_one_step_ahead_and_turns_kept(tmp_path):
   """make run's path on a fresh run directory (SFT trained first, then RL), with
-  loop.max_staleness=1: each step's batch is drawn while the previous step trains."""
+  loop.max_staleness=1: each step's batch is drawn while the previous step trains; and the
+  turn cache on, across those weight syncs."""
   env = _env()
   cmd = [a for a in _cmd(tmp_path, 3) if a != "--config.sft.steps=0"]
-  out = subprocess.run(cmd + ["--config.loop.max_staleness=1", "--config.sft.steps=1",
+  out = subprocess.run(cmd + ["--config.loop.max_staleness=1", "--config.rollout.turn_cache=8",
+                              "--config.sft.steps=1",
                               "--config.sft.max_tasks=2", "--config.sft.batch_size=2"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
   assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]

@@ -283,7 +283,8 @@ class QwenEngine(engine_api.Engine):
     self._state_lock = threading.Lock()
     self._last_state = None
     self._pending_turns: list[tuple[int, np.ndarray]] = []
-    self._append_jit = jax.jit(self._append_impl, donate_argnums=(1,), static_argnames=("key_len",))
+    # Not donated: the kept KV is cut to key_len, so its buffers could not hold the result.
+    self._append_jit = jax.jit(self._append_impl, static_argnames=("key_len",))
     self._row_jit = jax.jit(lambda state, slot: (qwen3_5.cache_row(state["cache"], slot),
                                                  state["version"][slot]))
     self._insert_jit = jax.jit(self._insert_impl, donate_argnums=(1,))
