@@ -309,6 +309,21 @@ def run_pool(pool, episodes, config, desc: str):
     return pool.run(episodes, on_result=on_result)
 
 
+def _engine_scalars(server) -> dict:
+  """The in-process engine's prompt / prefill counters since it started (the prefix and turn
+  caches' effect); {} for rollout servers in other jobs."""
+  engine = getattr(server, "engine", None)
+  if engine is None:
+    return {}
+  out = {"rollout/prompt_tokens": float(engine.prompt_tokens),
+         "rollout/prefilled_tokens": float(engine.prefilled_tokens)}
+  turns = engine.turn_cache_stats()
+  if turns:
+    out.update({"rollout/turns_kept": float(turns["kept"]), "rollout/turn_hits": float(turns["hits"]),
+                "rollout/turn_stale": float(turns["stale"])})
+  return out
+
+
 @contextlib.contextmanager
 def served_policy(config, params, version: int = 0):
   """Rollout servers serving `params` as `version` and an agent pool whose policy they are:
@@ -945,6 +960,7 @@ def run_rl(config, flags=None) -> dict:
             m.update(tm)
             m.update({"time/rollout_wait_s": t_wait, "time/weight_sync_s": t_sync,
                       "time/step_s": time.monotonic() - t0, "data/epoch": stream.epoch})
+            m.update(_engine_scalars(server))
             metrics.write(step + 1, "train", m)
             bar.set_postfix(reward=f"{m.get('mean_reward', 0):.3f}",
                             loss=f"{tm.get('loss/total', 0):.3g}")

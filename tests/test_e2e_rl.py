@@ -127,7 +127,7 @@ def test_rl_steps_with_the_rollout_server_as_a_separate_job(tmp_path):
 def test_sft_first_then_rl_steps_with_rollouts_drawn_one_step_ahead_and_turns_kept(tmp_path):
   """make run's path on a fresh run directory (SFT trained first, then RL), with
   loop.max_staleness=1: each step's batch is drawn while the previous step trains; and the
-  turn cache on, across those weight syncs."""
+  turn cache on (finished slots held, turns kept) across those weight syncs."""
   env = _env()
   cmd = [a for a in _cmd(tmp_path, 3) if a != "--config.sft.steps=0"]
   out = subprocess.run(cmd + ["--config.loop.max_staleness=1", "--config.rollout.turn_cache=8",
@@ -141,5 +141,9 @@ def test_sft_first_then_rl_steps_with_rollouts_drawn_one_step_ahead_and_turns_ke
   assert sorted(train) == [1, 2, 3]
   # Step 0's batch is drawn from the start weights; later ones while the step before trains.
   assert [train[s]["rollout/staleness"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
+  # The engine's counters reach the metrics: the shared prefix is read, not prefilled; turns
+  # are kept (these one-turn episodes continue none: tests/rl/rollout/test_turn_cache.py).
+  assert train[3]["rollout/prefilled_tokens"] < 0.5 * train[3]["rollout/prompt_tokens"]
+  assert train[3]["rollout/turns_kept"] > 0
   summary = json.load(open(os.path.join(tmp_path, "e2e", "summary.json")))
   assert 0.0 <= summary["after_rl"]["pass_at_1"] <= 1.0
