@@ -276,6 +276,7 @@ class QwenEngine(engine_api.Engine):
     self._too_long = 0   # prompts that extend the shared prefix by more than the largest bucket
     self._turns = turn_lib.TurnCache(turn_cache) if turn_cache > 0 else None
     self._turn_too_long = 0   # prompts whose new tokens after a kept turn fit no bucket
+    self._turn_mismatched = 0  # kept states whose token count differed from their tokens'
     self.prompt_tokens = 0     # prompt tokens requests brought
     self.prefilled_tokens = 0  # of them, those prefill computed (not read from a cached state)
     # The decode state a kept turn is copied from: the last one insert / generate returned,
@@ -554,6 +555,10 @@ class QwenEngine(engine_api.Engine):
     if hit is None:
       return None
     n_kept, turn_cache = hit
+    if int(turn_cache["pos"][0]) != n_kept:
+      # The slot moved past (or fell short of) its request's tokens: never serve from it.
+      self._turn_mismatched += 1
+      return None
     rest = len(prompt) - n_kept
     fits = [b for b in (self.prefix_buckets or self.buckets)
             if b >= rest and n_kept + b <= self.max_len]
@@ -570,11 +575,14 @@ class QwenEngine(engine_api.Engine):
 
   def turn_cache_stats(self) -> dict:
     """Turns kept, prompts that continued one (hits) or none (misses), that extended one kept
-    under other weights (stale), whose new tokens fit no bucket (too_long), entries dropped for
-    room (evicted) and held now."""
+    under other weights (stale), whose new tokens fit no bucket (too_long), of the hits those
+    whose kept state held another number of tokens than its request (mismatched: 0 unless the
+    hold of finished slots failed; prefilled as without the cache), entries dropped for room
+    (evicted) and held now."""
     if self._turns is None:
       return {}
-    return dict(self._turns.stats(), too_long=self._turn_too_long)
+    return dict(self._turns.stats(), too_long=self._turn_too_long,
+                mismatched=self._turn_mismatched)
 
   def prefix_cache_stats(self) -> dict:
     """Prompts that extended the shared prefix (hits; of them, too_long: a rest longer than the
