@@ -50,3 +50,20 @@ def tiny_server(max_len: int, prefill_buckets=(192,), **rollout):
   finally:
     client.close()
     s.stop()
+
+
+def one_device_and_sharded_engines(max_len: int, bucket: int, **sharded_kw):
+  """Two engines on the same random weights: one on one device, one on a (1, 2, 2, 2) mesh with
+  `sharded_kw` (cache settings), both with one prefill bucket."""
+  from configs import base
+  from models import sharding as shd
+  from rl.rollout.engine import QwenEngine
+  c = base.get_config()
+  with c.mesh.unlocked():
+    c.mesh.shape = (1, 2, 2, 2)
+  cfg = qwen3_5.config_from_dict(base.get_model_config())
+  params = qwen3_5.init_params(cfg, jax.random.key(1))
+  kw = dict(slots=2, max_len=max_len, prefill_buckets=(bucket,), params=params)
+  return QwenEngine(cfg, **kw), QwenEngine(cfg, mesh=shd.make_mesh(c.mesh),
+                                           rules=shd.rules_from_config(c.mesh.rules),
+                                           **sharded_kw, **kw)

@@ -11,7 +11,7 @@ from models import qwen3_5
 from rl.rollout.prefix_cache import SharedPrefix
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from greedy_reference import greedy_by_recompute, tiny_server  # noqa: E402
+from greedy_reference import greedy_by_recompute, one_device_and_sharded_engines, tiny_server  # noqa: E402,E501
 
 MAX_LEN = 256
 SYSTEM = list(range(600, 700))                   # 100 tokens every prompt opens with
@@ -106,18 +106,9 @@ def test_weight_sync_recomputes_the_shared_prefix(server):
 
 
 def test_sharded_engine_serves_the_shared_prefix_as_one_device_prefills_whole():
-  from configs import base
-  from models import sharding as shd
-  from rl.rollout.engine import PrefillInput, QwenEngine, SamplingSettings
-  c = base.get_config()
-  with c.mesh.unlocked():
-    c.mesh.shape = (1, 2, 2, 2)
-  cfg = qwen3_5.config_from_dict(base.get_model_config())
-  params = qwen3_5.init_params(cfg, jax.random.key(1))
-  kw = dict(slots=2, max_len=MAX_LEN, prefill_buckets=(192,), params=params)
-  whole = QwenEngine(cfg, **kw)
-  sharded = QwenEngine(cfg, mesh=shd.make_mesh(c.mesh), rules=shd.rules_from_config(c.mesh.rules),
-                       prefix_buckets=(128,), prefix_min_len=64, **kw)
+  from rl.rollout.engine import PrefillInput, SamplingSettings
+  whole, sharded = one_device_and_sharded_engines(MAX_LEN, 192, prefix_buckets=(128,),
+                                                  prefix_min_len=64)
   for tail in TAILS:
     prompt = _ids(SYSTEM, tail)
     outs = []

@@ -12,7 +12,7 @@ from models import qwen3_5
 from rl.rollout.turn_cache import TurnCache
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from greedy_reference import greedy_by_recompute, tiny_server  # noqa: E402
+from greedy_reference import greedy_by_recompute, one_device_and_sharded_engines, tiny_server  # noqa: E402,E501
 
 MAX_LEN = 256
 SYSTEM = list(range(600, 700))
@@ -113,18 +113,9 @@ def test_sharded_engine_continues_a_kept_turn_as_one_device_prefills_the_whole()
   """Through the engine API on a 2x2x2 mesh: a turn decoded in slot 1 and stepped past its last
   token (as JetStream's loop does while other slots decode), kept, and continued; its logits
   match a one-device engine prefilling the whole conversation."""
-  from configs import base
-  from models import sharding as shd
-  from rl.rollout.engine import PrefillInput, QwenEngine, SamplingSettings
-  c = base.get_config()
-  with c.mesh.unlocked():
-    c.mesh.shape = (1, 2, 2, 2)
-  cfg = qwen3_5.config_from_dict(base.get_model_config())
-  params = qwen3_5.init_params(cfg, jax.random.key(1))
-  kw = dict(slots=2, max_len=MAX_LEN, prefill_buckets=(192,), params=params)
-  whole = QwenEngine(cfg, **kw)
-  sharded = QwenEngine(cfg, mesh=shd.make_mesh(c.mesh), rules=shd.rules_from_config(c.mesh.rules),
-                       prefix_buckets=(64,), turn_cache=2, **kw)
+  from rl.rollout.engine import PrefillInput, SamplingSettings
+  whole, sharded = one_device_and_sharded_engines(MAX_LEN, 192, prefix_buckets=(64,),
+                                                  turn_cache=2)
   greedy = SamplingSettings(temperature=0.0, seed=3)
 
   def prefill(engine, prompt, max_tokens=0):
