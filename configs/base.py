@@ -262,7 +262,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Capacity planner (rl/rollout/capacity.py): per-sequence decode state vs device memory.
   c.rollout.capacity = ml_collections.ConfigDict()
   c.rollout.capacity.device_memory_gib = 16.0  # memory of one accelerator
-  c.rollout.capacity.devices_per_engine = 1  # accelerators serving one engine (its mesh)
+  c.rollout.capacity.devices_per_engine = 0  # accelerators serving one engine; 0 = its mesh's (rollout.mesh_shape)
   c.rollout.capacity.tensor_parallel = 1  # TP degree inside an engine (KV heads replicate past kv_heads)
   c.rollout.capacity.memory_fraction = 0.9  # share of device memory the engine may use
   c.rollout.capacity.num_engines = 1  # engines (replicas) serving rollouts

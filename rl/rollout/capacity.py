@@ -72,17 +72,34 @@ def plan(cfg, *, context_len: int, device_memory_gib: float, devices_per_engine:
   return Plan(context_len, kv, gdn, weights, mem, free, int(per_engine), num_engines)
 
 
+def engine_mesh_shape(config, num_devices: int) -> tuple:
+  """The engine's mesh shape (rl/rollout/engine.engine_mesh): `rollout.mesh_shape`, or () =
+  `mesh.shape`, its -1 taking what `num_devices` leaves."""
+  shape = tuple(int(n) for n in (tuple(config.rollout.mesh_shape) or tuple(config.mesh.shape)))
+  if -1 not in shape:
+    return shape
+  known = math.prod(n for n in shape if n != -1)
+  return tuple(max(1, num_devices // known) if n == -1 else n for n in shape)
+
+
 def plan_from_config(config) -> Plan:
-  """The plan of the `rollout.capacity` section for `config.model`."""
+  """The plan of the `rollout.capacity` section for `config.model`; devices_per_engine 0 = the
+  engine mesh's device count on this machine's devices."""
   from models import qwen3_5  # pylint: disable=g-import-not-at-top
   c = config.rollout.capacity
   cfg = qwen3_5.config_from_dict(config.model)
   cache_dtype = config.rollout.cache_dtype or cfg.dtype
   return plan(cfg, context_len=c.context_len or config.rollout.max_len,
-              device_memory_gib=c.device_memory_gib, devices_per_engine=c.devices_per_engine,
+              device_memory_gib=c.device_memory_gib,
+              devices_per_engine=c.devices_per_engine or _engine_devices(config),
               memory_fraction=c.memory_fraction, num_engines=c.num_engines,
               tensor_parallel=c.tensor_parallel, weight_bytes=c.weight_bytes,
               cache_bytes=c.cache_bytes or _DTYPE_BYTES[cache_dtype], reserve_gib=c.reserve_gib)
+
+def _engine_devices(config) -> int:
+  import jax  # pylint: disable=g-import-not-at-top
+  return math.prod(engine_mesh_shape(config, jax.device_count()))
+
 
 def engine_slots(config) -> int:
   """The engine's max_concurrent_decodes: rollout.slots, or the planner's count capped at max_slots.

@@ -45,3 +45,21 @@ def test_engine_slots_from_the_planner():
     capacity.engine_slots(c)
   c.rollout.slots = 3
   assert capacity.engine_slots(c) == 3
+
+
+def test_planner_counts_the_devices_of_the_engines_mesh_unless_told():
+  c = tiny_cpu.get_config()
+  c.unlock()
+  c.rollout.slots = 0
+  c.rollout.capacity.device_memory_gib = 0.01
+  one = capacity.plan_from_config(c).per_engine          # tiny: rollout.mesh_shape (1, 1, 1, 1)
+  c.rollout.mesh_shape = (1, 1, 1, 4)
+  single = capacity.plan(qwen3_5.config_from_dict(c.model), context_len=c.rollout.max_len,
+                         device_memory_gib=0.01, devices_per_engine=1,
+                         memory_fraction=c.rollout.capacity.memory_fraction)
+  assert abs(capacity.plan_from_config(c).engine_memory_bytes - 4 * single.engine_memory_bytes) <= 4
+  assert capacity.plan_from_config(c).per_engine > one
+  c.rollout.mesh_shape = ()                              # the trainer's (1, -1, 1, 1): all 8
+  assert capacity.engine_mesh_shape(c, 8) == (1, 8, 1, 1)
+  c.rollout.capacity.devices_per_engine = 2              # an explicit count wins
+  assert capacity.plan_from_config(c).engine_memory_bytes < 8 * 0.01 * capacity.GIB
