@@ -122,6 +122,16 @@ def with_shardings(shapes_tree: Any, shardings_tree: Any = None) -> Any:
                       shapes_tree, shardings_tree)
 
 
+def shape_dtype_mismatches(got_tree: Any, want_tree: Any) -> list[str]:
+  """"path: (shape, dtype) != (shape, dtype)" for each leaf of two trees of arrays (or their
+  metadata) that differs in shape or dtype, or is in one tree only ("missing")."""
+  flat = lambda t: {jax.tree_util.keystr(p): (tuple(x.shape), str(x.dtype))
+                    for p, x in jax.tree_util.tree_flatten_with_path(t)[0]}
+  got, want = flat(got_tree), flat(want_tree)
+  return [f"{k}: {got.get(k, 'missing')} != {want.get(k, 'missing')}"
+          for k in sorted(set(got) | set(want)) if got.get(k) != want.get(k)]
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
 

@@ -407,13 +407,10 @@ class QwenEngine(engine_api.Engine):
     the arrays are placed on the engine's devices (a reshard when they come from a
     training mesh).
     """
-    want = self._abstract_params
-    got = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
-    if jax.tree.structure(got) != jax.tree.structure(want):
+    from models import sharding  # pylint: disable=g-import-not-at-top
+    if jax.tree.structure(params) != jax.tree.structure(self._abstract_params):
       raise ValueError("new params have a different tree structure than the engine's")
-    bad = [f"{jax.tree_util.keystr(p)}: {g.shape}/{g.dtype} != {w.shape}/{w.dtype}"
-           for (p, g), w in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want))
-           if (g.shape, g.dtype) != (w.shape, w.dtype)]
+    bad = sharding.shape_dtype_mismatches(params, self._abstract_params)
     if bad:
       raise ValueError("new params differ in shape/dtype (this would recompile): " + "; ".join(bad[:5]))
     params = jax.block_until_ready(self._place(params))

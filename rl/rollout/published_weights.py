@@ -33,6 +33,7 @@ from typing import Optional, Sequence
 
 import jax
 
+from models.sharding import shape_dtype_mismatches
 from rl.checkpoint import Checkpointer
 from rl.rollout.client import EngineError, TokenClient
 
@@ -146,11 +147,7 @@ class WeightPublisher:
 def _check_matches(saved, target) -> None:
   """Raises ValueError naming the params whose saved shape / dtype differ from the engine's
   (a trainer with another model config), before any restore starts."""
-  flat = lambda t: {jax.tree_util.keystr(p): (tuple(x.shape), str(x.dtype))
-                    for p, x in jax.tree_util.tree_flatten_with_path(t)[0]}
-  got, want = flat(saved), flat(target)
-  bad = [f"{k}: {got.get(k, 'missing')} != {want.get(k, 'missing')}"
-         for k in sorted(set(got) | set(want)) if got.get(k) != want.get(k)]
+  bad = shape_dtype_mismatches(saved, target)
   if bad:
     raise ValueError(f"{len(bad)} published params differ from this engine's (published != "
                      f"served): " + "; ".join(bad[:4]))
