@@ -74,12 +74,13 @@ def plan(cfg, *, context_len: int, device_memory_gib: float, devices_per_engine:
 
 def engine_mesh_shape(config, num_devices: int) -> tuple:
   """The engine's mesh shape (rl/rollout/engine.engine_mesh): `rollout.mesh_shape`, or () =
-  `mesh.shape`, its -1 taking what `num_devices` leaves."""
+  `mesh.shape`, its -1 taking what `num_devices` leaves (`models.sharding.MeshError` when they
+  do not divide)."""
+  from models import sharding  # pylint: disable=g-import-not-at-top
   shape = tuple(int(n) for n in (tuple(config.rollout.mesh_shape) or tuple(config.mesh.shape)))
   if -1 not in shape:
     return shape
-  known = math.prod(n for n in shape if n != -1)
-  return tuple(max(1, num_devices // known) if n == -1 else n for n in shape)
+  return sharding.resolve_mesh_shape(config.mesh.axes, shape, num_devices)
 
 
 def plan_from_config(config) -> Plan:

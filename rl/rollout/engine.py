@@ -195,10 +195,11 @@ def engine_mesh(config):
         f"an in-process rollout engine on {jax.process_count()} processes is not supported: run "
         f"rollout servers as separate jobs (launch.py --mode=serve on each, rollout.servers and "
         f"rollout.weights_dir for the trainer)")
-  shape = tuple(int(n) for n in (tuple(config.rollout.mesh_shape) or tuple(config.mesh.shape)))
-  # A shape without -1 may take the first of more devices (one for a small model).
-  wanted = jax.device_count() if -1 in shape else min(int(np.prod(shape)), jax.device_count())
+  from rl.rollout import capacity  # pylint: disable=g-import-not-at-top
   try:
+    shape = capacity.engine_mesh_shape(config, jax.device_count())
+    # A shape without -1 may take the first of more devices (one for a small model).
+    wanted = min(int(np.prod(shape)), jax.device_count())
     resolved = sharding.resolve_mesh_shape(config.mesh.axes, shape, wanted)
   except sharding.MeshError as e:
     raise sharding.MeshError(f"rollout engine: {e} (set rollout.mesh_shape)") from e
