@@ -373,11 +373,12 @@ class QwenEngine(engine_api.Engine):
                                        state["top_p"], keys)
     logits, cache = qwen3_5.decode_step(self.cfg, params, state["cache"], tokens)
     step = state["step"] + 1
-    live = ~state["done"]
-    # A live slot served by other weights than its prefix was computed with holds a mixed state.
-    slot_version = jnp.where(live & (state["version"] != version), -1, state["version"])
-    new_state = dict(state, cache=cache, logits=logits, step=step, version=slot_version)
+    new_state = dict(state, cache=cache, logits=logits, step=step)
     if self._turns is not None:
+      live = ~state["done"]
+      # A live slot served by other weights than its prefix was computed with holds a mixed
+      # state, which no next turn may continue from.
+      new_state["version"] = jnp.where(live & (state["version"] != version), -1, state["version"])
       # A slot stops changing once its request has sampled (and fed) a stop id or its last
       # token: what the turn cache keeps is then exactly the conversation's state. The keys
       # and values a finished slot writes land at its `pos`, past its tokens, and are
