@@ -182,7 +182,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.train.micro_batches = 1          # gradient-accumulation splits of a mini-batch (lax.scan)
   c.train.skip_empty_updates = True  # no optimizer update (momentum, decay) for a mini-batch without a loss token
   c.train.seq_len = 256              # padded token length of a training row
-  c.train.max_context = 160_000      # recipe's maximum trajectory context (tokens)
+  c.train.max_context = 4096         # longest episode (tokens) the harness lets grow; recipe: 160k (report_recipe.py)
   c.train.log_every = 1              # steps between metric logs
   c.train.init_from = ""             # Hugging Face checkpoint directory the policy starts from (SFT, else RL); "" = random init
 
@@ -255,19 +255,20 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.top_k = 0                # default top-k; 0 = off
   c.rollout.seed = 0                 # sampler seed of requests that bring none
   c.rollout.cache_dtype = ""         # KV / conv cache dtype; "" = model.dtype
+  c.rollout.weights_dtype = ""       # dtype of the served weight matrices (vectors keep theirs); "" = model.param_dtype
   c.rollout.warmup = True            # compile every prefill bucket before serving
   c.rollout.rpc_threads = 0          # gRPC handler threads; 0 = max(slots, 64)
   c.rollout.client_timeout_s = 600.0  # token client's deadline for one generate call
   c.rollout.log_level = "WARNING"    # root log level once JetStream is imported (it forces DEBUG)
   # Capacity planner (rl/rollout/capacity.py): per-sequence decode state vs device memory.
   c.rollout.capacity = ml_collections.ConfigDict()
-  c.rollout.capacity.device_memory_gib = 16.0  # memory of one accelerator
+  c.rollout.capacity.device_memory_gib = 0.0  # memory of one accelerator; 0 = plan.device_memory_gib
   c.rollout.capacity.devices_per_engine = 0  # accelerators serving one engine; 0 = its mesh's (rollout.mesh_shape)
   c.rollout.capacity.tensor_parallel = 1  # TP degree inside an engine (KV heads replicate past kv_heads)
   c.rollout.capacity.memory_fraction = 0.9  # share of device memory the engine may use
   c.rollout.capacity.num_engines = 1  # engines (replicas) serving rollouts
   c.rollout.capacity.context_len = 0  # tokens per sequence to plan for; 0 = rollout.max_len
-  c.rollout.capacity.weight_bytes = 0  # bytes per weight; 0 = from model.param_dtype
+  c.rollout.capacity.weight_bytes = 0  # bytes per weight; 0 = from rollout.weights_dtype (or model.param_dtype)
   c.rollout.capacity.cache_bytes = 0  # bytes per KV / conv element; 0 = from cache_dtype / model.dtype
   c.rollout.capacity.reserve_gib = 0.0  # per-engine workspace held back (activations, compiler scratch)
 

@@ -41,6 +41,25 @@ def apply(c, preset: str):
   c.checkpoint.save_every = 10
   c.checkpoint.keep = 3
 
+  # Rollout serving (rl/rollout/README.md). A slot holds the whole context the harness lets an
+  # episode reach (capacity.check_context refuses less).
+  c.rollout.max_len = c.train.max_context
+  # Weight matrices served in bfloat16, as the report's engines serve them: float32 masters
+  # would double the engine's weights (397B: 1.6 TB, more than 8 H200 hold). The trainer's
+  # float32 params are cast on each weight sync; rollout logprobs come from the bfloat16 copy
+  # and the policy loss's ratios against them absorb the difference.
+  c.rollout.weights_dtype = "bfloat16"
+  # Prompts grow to 160k; pads stay within 4x of the prompt (+ max_len - 1, added by the
+  # engine). Each prefill bucket is one compile at warmup, each prefix bucket one at first use.
+  c.rollout.prefill_buckets = (1024, 4096, 16_384, 65_536, 131_072)
+  c.rollout.prefix_buckets = (256, 1024, 4096, 16_384, 65_536, 131_072)
+  # Up to 100 turns an episode: without the turn cache every turn prefills its whole
+  # conversation again (O(turns^2) tokens). One kept turn per in-flight episode (16 x 16); each
+  # holds one slot's state at max_len (3 GiB for 35B-A3B, 4.6 GiB for 397B-A17B), and the
+  # planner sets them against the engine's memory. Unmeasured on accelerators (rl/rollout/README.md).
+  c.rollout.turn_cache = c.train.prompts_per_step * c.train.samples_per_prompt
+  c.rollout.stop_ids = (248046, 248044)   # <|im_end|>, <|endoftext|>
+
   c.plan.device_kind = "H200"
   c.plan.device_memory_gib = 141.0
   c.plan.seq_lens = (8_192, 32_768, 65_536, 163_840)

@@ -122,10 +122,14 @@ def with_shardings(shapes_tree: Any, shardings_tree: Any = None) -> Any:
                       shapes_tree, shardings_tree)
 
 
-def shape_dtype_mismatches(got_tree: Any, want_tree: Any) -> list[str]:
+def shape_dtype_mismatches(got_tree: Any, want_tree: Any, cast_floats: bool = False) -> list[str]:
   """"path: (shape, dtype) != (shape, dtype)" for each leaf of two trees of arrays (or their
-  metadata) that differs in shape or dtype, or is in one tree only ("missing")."""
-  flat = lambda t: {jax.tree_util.keystr(p): (tuple(x.shape), str(x.dtype))
+  metadata) that differs in shape or dtype, or is in one tree only ("missing").
+  `cast_floats`: two floating dtypes count as the same (the receiver casts, e.g. float32 master
+  weights into a bfloat16 engine)."""
+  def kind(dtype):
+    return "float" if cast_floats and jax.numpy.issubdtype(dtype, jax.numpy.floating) else str(dtype)
+  flat = lambda t: {jax.tree_util.keystr(p): (tuple(x.shape), kind(x.dtype))
                     for p, x in jax.tree_util.tree_flatten_with_path(t)[0]}
   got, want = flat(got_tree), flat(want_tree)
   return [f"{k}: {got.get(k, 'missing')} != {want.get(k, 'missing')}"

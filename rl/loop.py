@@ -891,11 +891,13 @@ def run_rl(config, flags=None) -> dict:
   from envs import worlds
   from models import sharding as shd
   from rl.checkpoint import Checkpointer
+  from rl.rollout import capacity
   from rl.rollout_prefetch import RolloutPrefetcher
   from rl.train_step import TrainStep
 
   t_start = time.monotonic()
   check_batch_shape(config)
+  capacity.check_context(config)
   rdir = run_dir(config)
   os.makedirs(rdir, exist_ok=True)
   metrics = Metrics(rdir, config.loop.tensorboard)

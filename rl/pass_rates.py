@@ -42,6 +42,8 @@ def histogram(rates: dict, samples: int) -> dict:
 def main(config, flags=None):
   del flags
   from rl import loop
+  from rl.rollout import capacity
+  capacity.check_context(config)
   loop._quiet_logs()  # pylint: disable=protected-access
   out_path, samples = config.loop.train_pass_rates, int(config.loop.pass_rate_samples)
   if not out_path:

@@ -179,6 +179,35 @@ def format_plan(config, plan: dict) -> str:
   return "\n".join(lines)
 
 
+def _size(b: float) -> str:
+  return f"{b / GiB:.2f} GiB" if b >= GiB / 4 else f"{b / 2**20:.2f} MiB"
+
+
+def format_rollout_plan(config, num_devices: int) -> str:
+  """The rollout engine's side (rl/rollout/capacity.py): its mesh, served weights, decode state
+  per sequence at rollout.max_len, and its slots and kept turns. An engine in the trainer's
+  process shares these devices with the train step; a serve job has them to itself."""
+  from rl.rollout import capacity  # pylint: disable=g-import-not-at-top
+  shape = capacity.engine_mesh_shape(config, num_devices)
+  p = capacity.plan_from_config(config, num_devices)
+  r = config.rollout
+  mesh = " x ".join(f"{k}={v}" for k, v in zip(config.mesh.axes, shape))
+  lines = [f"Rollout engine: mesh {mesh} ({math.prod(shape)} devices; rollout.mesh_shape), "
+           f"max_len {r.max_len} (train.max_context {config.train.max_context})",
+           f"  weights {_size(p.weight_bytes)} ({r.weights_dtype or config.model.param_dtype}), "
+           f"decode state {_size(p.bytes_per_seq)} a sequence (KV {_size(p.kv_bytes_per_seq)}, "
+           f"Gated DeltaNet {_size(p.gdn_bytes_per_seq)}); {p.per_engine} sequences fit in "
+           f"{_size(p.engine_memory_bytes)} (rollout.capacity.memory_fraction {r.capacity.memory_fraction})"]
+  try:
+    slots = capacity.engine_slots(config, num_devices)
+    lines.append(f"  slots {slots}" + (" (rollout.slots)" if r.slots else
+                                       f" (planner, capped at rollout.max_slots {r.max_slots})")
+                 + f", kept turns {r.turn_cache} (rollout.turn_cache)")
+  except ValueError as e:
+    lines.append(f"  does NOT fit: {e}")
+  return "\n".join(lines)
+
+
 def main(config, flags=None):
   """launch.py --mode=plan entry point."""
   del flags
@@ -186,4 +215,6 @@ def main(config, flags=None):
   seq_lens = list(config.plan.seq_lens) or [config.train.seq_len]
   plan = memory_plan(config, n, seq_lens)
   print(format_plan(config, plan))
+  print()
+  print(format_rollout_plan(config, n))
   return plan

@@ -83,26 +83,29 @@ def engine_mesh_shape(config, num_devices: int) -> tuple:
   return sharding.resolve_mesh_shape(config.mesh.axes, shape, num_devices)
 
 
-def plan_from_config(config) -> Plan:
+def plan_from_config(config, num_devices: int = 0) -> Plan:
   """The plan of the `rollout.capacity` section for `config.model`; devices_per_engine 0 = the
-  engine mesh's device count on this machine's devices."""
+  engine mesh's device count on `num_devices` devices (0 = this machine's), device_memory_gib
+  0 = the plan section's."""
   from models import qwen3_5  # pylint: disable=g-import-not-at-top
   c = config.rollout.capacity
   cfg = qwen3_5.config_from_dict(config.model)
   cache_dtype = config.rollout.cache_dtype or cfg.dtype
+  weights_dtype = config.rollout.weights_dtype or cfg.param_dtype
   return plan(cfg, context_len=c.context_len or config.rollout.max_len,
-              device_memory_gib=c.device_memory_gib,
-              devices_per_engine=c.devices_per_engine or _engine_devices(config),
+              device_memory_gib=c.device_memory_gib or config.plan.device_memory_gib,
+              devices_per_engine=c.devices_per_engine or _engine_devices(config, num_devices),
               memory_fraction=c.memory_fraction, num_engines=c.num_engines,
-              tensor_parallel=c.tensor_parallel, weight_bytes=c.weight_bytes,
+              tensor_parallel=c.tensor_parallel,
+              weight_bytes=c.weight_bytes or _DTYPE_BYTES[weights_dtype],
               cache_bytes=c.cache_bytes or _DTYPE_BYTES[cache_dtype], reserve_gib=c.reserve_gib)
 
-def _engine_devices(config) -> int:
+def _engine_devices(config, num_devices: int = 0) -> int:
   import jax  # pylint: disable=g-import-not-at-top
-  return math.prod(engine_mesh_shape(config, jax.device_count()))
+  return math.prod(engine_mesh_shape(config, num_devices or jax.device_count()))
 
 
-def engine_slots(config) -> int:
+def engine_slots(config, num_devices: int = 0) -> int:
   """The engine's max_concurrent_decodes: rollout.slots, or the planner's count capped at max_slots.
 
   A kept turn (rollout.turn_cache, rl/rollout/turn_cache.py) holds one slot's state, so the
@@ -110,7 +113,7 @@ def engine_slots(config) -> int:
   """
   if config.rollout.slots:
     return int(config.rollout.slots)
-  p = plan_from_config(config)
+  p = plan_from_config(config, num_devices)
   kept = int(config.rollout.turn_cache)
   if p.per_engine - kept < 1:
     raise ValueError(f"no sequence of {p.context_len} tokens fits: {p.free_bytes / GIB:.1f} GiB "
@@ -164,3 +167,15 @@ def main():
 
 if __name__ == "__main__":
   main()
+
+
+def check_context(config) -> None:
+  """Raises ValueError unless the engine's slots hold every episode the harness lets grow: the
+  harness stops an episode at train.max_context tokens, the engine refuses a prompt past
+  rollout.max_len. Said before anything runs."""
+  max_len, context = int(config.rollout.max_len), int(config.train.max_context)
+  if max_len < context:
+    raise ValueError(
+        f"rollout.max_len={max_len} < train.max_context={context}: episodes may grow to "
+        f"train.max_context tokens but a rollout slot holds rollout.max_len; raise "
+        f"rollout.max_len (or lower train.max_context)")

@@ -210,6 +210,18 @@ def engine_mesh(config):
   return mesh, sharding.rules_from_config(config.mesh.rules)
 
 
+def serving_shapes(shapes, weights_dtype: Optional[str]):
+  """The engine's param shapes and dtypes: matrices (embeddings, projections, experts: all but
+  a sliver of the bytes) in `weights_dtype`, vectors (norm scales, Gated DeltaNet decay
+  parameters: precision-sensitive, tiny) as given. None / "" = every leaf as given."""
+  if not weights_dtype:
+    return shapes
+  dtype = jnp.dtype(weights_dtype)
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+      x.shape, dtype if x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating) else x.dtype),
+      shapes)
+
+
 class QwenEngine(engine_api.Engine):
   """JetStream engine for the Qwen3.5 model (models/qwen3_5.py).
 
@@ -231,13 +243,16 @@ class QwenEngine(engine_api.Engine):
     initial_version: the version the first params are served as (responses report it).
     turn_cache: finished turns whose slot state is kept for the conversation's next prompt
       (rl/rollout/turn_cache.py); 0 = none.
+    weights_dtype: dtype the engine holds its weight matrices in (`serving_shapes`); params in
+      another float dtype (float32 master weights) are cast on the way in. None = as given.
   """
 
   def __init__(self, cfg, *, slots: int, max_len: int, prefill_buckets: Sequence[int],
                params=None, init_seed: int = 0, default_sampling: SamplingSettings = SamplingSettings(),
                stop_ids: Sequence[int] = (), cache_dtype: Optional[str] = None, tokenizer_cfg=None,
                mesh=None, rules=None, prefix_buckets: Sequence[int] = (), prefix_min_len: int = 256,
-               initial_version: int = 0, turn_cache: int = 0):
+               initial_version: int = 0, turn_cache: int = 0,
+               weights_dtype: Optional[str] = None):
     if max_len > cfg.max_position_embeddings:
       raise ValueError(f"max_len {max_len} > model max_position_embeddings "
                        f"{cfg.max_position_embeddings}")
@@ -257,17 +272,25 @@ class QwenEngine(engine_api.Engine):
     self._rules = rules
     self._seed_lock = threading.Lock()
     self._seed_counter = np.random.default_rng(init_seed).integers(1 << 62)
-    if params is None:
-      params = qwen3_5.init_params(cfg, jax.random.key(init_seed))
+    init = lambda key: qwen3_5.init_params(cfg, key)
+    given = jax.eval_shape(init, jax.random.key(0)) if params is None else params
+    self._abstract_params = serving_shapes(
+        jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), given), weights_dtype)
     self._param_shardings = None
     if mesh is not None:
       from models import sharding  # pylint: disable=g-import-not-at-top
-      shapes = jax.eval_shape(lambda: params)
-      self._param_shardings = sharding.tree_shardings(qwen3_5.param_axes(cfg), shapes, mesh, rules)
+      self._param_shardings = sharding.tree_shardings(qwen3_5.param_axes(cfg),
+                                                      self._abstract_params, mesh, rules)
     # Placed exactly as `update_params` will place new weights, so a swap never recompiles.
-    params = self._place(params)
+    if params is None:
+      # Initialised where it is served, shard by shard: a model that needs the engine's mesh
+      # does not fit one device (a served random init is a placeholder until a weight sync).
+      where = ({} if self._param_shardings is None
+               else {"out_shardings": self._param_shardings})
+      params = jax.jit(lambda key: self._cast(init(key)), **where)(jax.random.key(init_seed))
+    else:
+      params = self._place(self._cast(params))
     self._handle = ParamsHandle(params, initial_version)
-    self._abstract_params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
     self._prefill_jit = jax.jit(self._prefill_impl)
     self._extend_jit = jax.jit(self._extend_impl)
     self.prefix_buckets = tuple(sorted({int(b) for b in prefix_buckets if 0 < int(b) < self.max_len}))
@@ -305,7 +328,8 @@ class QwenEngine(engine_api.Engine):
         default_sampling=SamplingSettings(r.temperature, r.top_p, r.top_k, None),
         stop_ids=r.stop_ids, cache_dtype=r.cache_dtype or None, tokenizer_cfg=config.tokenizer,
         prefix_buckets=r.prefix_buckets if r.prefix_cache else (),
-        prefix_min_len=r.prefix_min_len, turn_cache=r.turn_cache, mesh=mesh, rules=rules)
+        prefix_min_len=r.prefix_min_len, turn_cache=r.turn_cache, mesh=mesh, rules=rules,
+        weights_dtype=r.weights_dtype or None)
     kw.update(overrides)
     return cls(cfg, **kw)
 
@@ -405,17 +429,17 @@ class QwenEngine(engine_api.Engine):
   def update_params(self, params, version: Optional[int] = None) -> int:
     """Weight sync: the next prefill / generate step uses `params`. Returns the new version.
 
-    The tree must match the engine's (structure, shapes, dtypes) so that nothing recompiles;
-    the arrays are placed on the engine's devices (a reshard when they come from a
-    training mesh).
+    The tree must match the engine's (structure, shapes; floats are cast to the engine's
+    dtypes) so that nothing recompiles; the arrays are placed on the engine's devices (a
+    reshard when they come from a training mesh).
     """
     from models import sharding  # pylint: disable=g-import-not-at-top
     if jax.tree.structure(params) != jax.tree.structure(self._abstract_params):
       raise ValueError("new params have a different tree structure than the engine's")
-    bad = sharding.shape_dtype_mismatches(params, self._abstract_params)
+    bad = sharding.shape_dtype_mismatches(params, self._abstract_params, cast_floats=True)
     if bad:
       raise ValueError("new params differ in shape/dtype (this would recompile): " + "; ".join(bad[:5]))
-    params = jax.block_until_ready(self._place(params))
+    params = jax.block_until_ready(self._place(self._cast(params)))
     if self._turns is not None:
       self._turns.clear()   # computed under the old weights: a next turn would not use them
     return self._handle.swap(params, version)
@@ -425,6 +449,11 @@ class QwenEngine(engine_api.Engine):
     puts each shard of a saved tree straight on the device that serves it."""
     from models import sharding  # pylint: disable=g-import-not-at-top
     return sharding.with_shardings(self._abstract_params, self._param_shardings)
+
+  def _cast(self, params):
+    """`params` in the engine's dtypes (a no-op for leaves already in them)."""
+    return jax.tree.map(lambda x, t: x if x.dtype == t.dtype else x.astype(t.dtype),
+                        params, self._abstract_params)
 
   def _place(self, params):
     """`params` (host or device arrays, any layout) as the engine's own copy on its devices.

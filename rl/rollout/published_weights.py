@@ -146,8 +146,9 @@ class WeightPublisher:
 
 def _check_matches(saved, target) -> None:
   """Raises ValueError naming the params whose saved shape / dtype differ from the engine's
-  (a trainer with another model config), before any restore starts."""
-  bad = shape_dtype_mismatches(saved, target)
+  (a trainer with another model config), before any restore starts. Float dtypes may differ:
+  the restore casts float32 master weights to the engine's rollout.weights_dtype."""
+  bad = shape_dtype_mismatches(saved, target, cast_floats=True)
   if bad:
     raise ValueError(f"{len(bad)} published params differ from this engine's (published != "
                      f"served): " + "; ".join(bad[:4]))

@@ -28,6 +28,7 @@ def main(config, flags=None):
   from rl.rollout import capacity  # pylint: disable=g-import-not-at-top
   from rl.rollout import published_weights  # pylint: disable=g-import-not-at-top
   port = getattr(flags, "port", None) if flags is not None else None
+  capacity.check_context(config)
   p = capacity.plan_from_config(config)
   print(f"capacity: {p.bytes_per_seq / 2**20:.2f} MiB decode state per sequence at "
         f"{p.context_len} tokens; {p.per_engine} sequences fit this engine; "

@@ -123,6 +123,32 @@ def test_a_version_the_server_cannot_load_is_a_timeout_naming_the_server(server,
   assert _served(client) == (_greedy_by_recompute(cfg, _params(cfg, 0), PROMPT, 6), 1)
 
 
+def test_float32_masters_published_to_a_bfloat16_server_are_served_cast(config, cfg, tmp_path):
+  """The trainer publishes its float32 params; a server with rollout.weights_dtype = bfloat16
+  restores them cast and serves the model's tokens with the cast weights."""
+  import jax.numpy as jnp
+  from rl.rollout import serve
+  c = config.copy_and_resolve_references()
+  with c.unlocked():
+    c.rollout.weights_dtype = "bfloat16"
+  s = serve.build_server(c, params=_params(cfg, 7), port=0, warmup=False,
+                         initial_version=UNLOADED)
+  client = TokenClient(s.address, timeout_s=120)
+  watcher = WeightWatcher(str(tmp_path / "weights"), s.engine, poll_s=0.05).start()
+  publisher = WeightPublisher(str(tmp_path / "weights"), [s.address], timeout_s=20, poll_s=0.05)
+  try:
+    masters = _params(cfg, 0)
+    publisher.update_weights(masters, 0)
+    cast = jax.tree.map(lambda x: x.astype(jnp.bfloat16) if x.ndim >= 2 else x, masters)
+    assert _served(client) == (_greedy_by_recompute(cfg, cast, PROMPT, 6), 0)
+    assert s.engine.load_params().get()[0]["embed"].dtype == jnp.bfloat16
+  finally:
+    publisher.stop()
+    watcher.stop()
+    client.close()
+    s.stop()
+
+
 def test_servers_without_a_weights_dir_is_a_clear_error():
   with pytest.raises(ValueError, match="rollout.weights_dir"):
     WeightPublisher("", ["localhost:1"])

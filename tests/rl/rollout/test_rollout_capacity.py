@@ -1,8 +1,12 @@
 """Capacity planner: per-sequence decode state and the engine's slot count."""
+import os
+
 import pytest
 
-from configs import tiny_cpu
 from configs import base
+from configs import qwen3_5_35b_a3b
+from configs import qwen3_5_397b_a17b
+from configs import tiny_cpu
 from models import qwen3_5
 from rl.rollout import capacity
 
@@ -63,3 +67,45 @@ def test_planner_counts_the_devices_of_the_engines_mesh_unless_told():
   assert capacity.engine_mesh_shape(c, 8) == (1, 8, 1, 1)
   c.rollout.capacity.devices_per_engine = 2              # an explicit count wins
   assert capacity.plan_from_config(c).engine_memory_bytes < 8 * 0.01 * capacity.GIB
+
+
+@pytest.mark.parametrize("module", [qwen3_5_35b_a3b, qwen3_5_397b_a17b])
+def test_full_size_configs_serve_the_whole_context_in_bfloat16(module):
+  """The recipe's engines hold a 160k episode per slot, one kept turn per in-flight episode
+  beside the slots, weights at 2 bytes, on the devices the plan section names."""
+  c = module.get_config()
+  capacity.check_context(c)
+  assert c.rollout.max_len == c.train.max_context == 160_000
+  p = capacity.plan_from_config(c, c.plan.num_devices)
+  cfg = qwen3_5.config_from_dict(c.model)
+  assert p.weight_bytes == 2 * qwen3_5.count_params(cfg)["total"]
+  assert p.engine_memory_bytes == int(c.plan.num_devices * 141 * capacity.GIB * 0.9)
+  kept = c.train.prompts_per_step * c.train.samples_per_prompt
+  assert c.rollout.turn_cache == kept
+  assert p.per_engine >= kept + c.rollout.max_slots
+  assert capacity.engine_slots(c, c.plan.num_devices) == c.rollout.max_slots
+  assert tuple(c.rollout.stop_ids) == (248046, 248044)   # <|im_end|>, <|endoftext|>
+
+
+def test_a_slot_shorter_than_the_context_is_refused_before_anything_runs():
+  from rl import loop
+  c = tiny_cpu.get_config()
+  c.unlock()
+  c.rollout.max_len = c.train.max_context - 1
+  with pytest.raises(ValueError, match="rollout.max_len=2559 < train.max_context=2560"):
+    capacity.check_context(c)
+  c.name = "never_started"
+  with pytest.raises(ValueError, match="rollout.max_len"):
+    loop.run_rl(c)
+  assert not os.path.exists(loop.run_dir(c))
+  assert capacity.check_context(base.get_config()) is None   # the defaults agree
+
+
+def test_device_memory_is_the_plan_sections_unless_told():
+  c = tiny_cpu.get_config()
+  c.unlock()
+  c.plan.device_memory_gib = 2.0
+  two = capacity.plan_from_config(c).engine_memory_bytes
+  assert two == int(2.0 * capacity.GIB * c.rollout.capacity.memory_fraction)
+  c.rollout.capacity.device_memory_gib = 1.0
+  assert capacity.plan_from_config(c).engine_memory_bytes == two // 2

@@ -197,7 +197,7 @@ def test_weight_update_takes_effect_without_recompile(client, server, model, ful
     assert out.ids != greedy_by_recompute(full_forward, old, PROMPTS[1], 6)
     assert (engine._generate_jit._cache_size(), engine._prefill_jit._cache_size(),
             engine._insert_jit._cache_size()) == compiled
-    bad = jax.tree.map(lambda x: x.astype(jnp.bfloat16), new)
+    bad = dict(new, embed=new["embed"][:, :-1])
     with pytest.raises(ValueError, match="recompile"):
       server.update_weights(bad)
   finally:
@@ -260,6 +260,53 @@ def test_engine_on_a_mesh_from_config_serves_the_models_greedy_tokens(config, mo
   finally:
     client.close()
     s.stop()
+
+
+def test_weights_served_in_bfloat16_are_the_synced_weights_cast(config, model, full_forward):
+  """rollout.weights_dtype: the engine holds its weight matrices in bfloat16 and its vectors
+  (norm scales, decay parameters) as given, cast from the float32 params it starts from and
+  from each weight sync; served tokens are the model's own with those cast weights."""
+  from rl.rollout import serve
+  cfg, old = model
+  c = config.copy_and_resolve_references()
+  with c.unlocked():
+    c.rollout.weights_dtype = "bfloat16"
+  s = serve.build_server(c, params=old, port=0, warmup=False)
+  client = TokenClient(s.address, timeout_s=120)
+  cast = lambda params: jax.tree.map(
+      lambda x: x.astype(jnp.bfloat16) if x.ndim >= 2 else x, params)
+  try:
+    held = jax.tree.leaves(s.engine.load_params().get()[0])
+    assert {str(x.dtype) for x in held if x.ndim >= 2} == {"bfloat16"}
+    assert {str(x.dtype) for x in held if x.ndim < 2} == {"float32"}
+    for prompt in PROMPTS[:2]:
+      want = greedy_by_recompute(full_forward, cast(old), prompt, 6)
+      assert client.generate(prompt, GREEDY, max_tokens=6, stop_ids=[]).ids == want
+    new = qwen3_5.init_params(cfg, jax.random.key(7))
+    s.update_weights(new)   # float32 masters, as the train step holds them
+    want = greedy_by_recompute(full_forward, cast(new), PROMPTS[0], 6)
+    assert client.generate(PROMPTS[0], GREEDY, max_tokens=6, stop_ids=[]).ids == want
+  finally:
+    client.close()
+    s.stop()
+
+
+def test_an_engine_without_params_initialises_them_where_it_serves_them(config):
+  """A served random init is created shard by shard on the engine's mesh, in its dtypes (a
+  model that needs the mesh does not fit one device)."""
+  from rl.rollout.engine import QwenEngine
+  c = config.copy_and_resolve_references()
+  with c.unlocked():
+    c.rollout.mesh_shape = (1, 2, 2, 2)
+    c.rollout.weights_dtype = "bfloat16"
+  engine = QwenEngine.from_config(c)
+  held = engine.load_params().get()[0]
+  want = engine.params_target()
+  for x, t in zip(jax.tree.leaves(held), jax.tree.leaves(want)):
+    assert (x.dtype, x.sharding) == (t.dtype, t.sharding)
+  assert held["embed"].dtype == jnp.bfloat16
+  assert len(held["embed"].addressable_shards) == 8
+  assert held["embed"].addressable_shards[0].data.size < held["embed"].size
 
 
 def test_engine_mesh_takes_the_devices_it_names_and_refuses_more_than_there_are(config):
