@@ -351,8 +351,10 @@ def served_policy(config, params, version: int = 0):
       server.stop()
       raise
   else:
+    from rl.rollout import capacity
     from rl.rollout.serve import build_server
-    server = build_server(config, params=params, port=0, initial_version=version)
+    server = build_server(capacity.sharing_the_trainers_devices(config), params=params, port=0,
+                          initial_version=version)
     with cfg.unlocked():
       cfg.rollout.address = server.address
   try:

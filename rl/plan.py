@@ -196,15 +196,22 @@ def format_rollout_plan(config, num_devices: int) -> str:
            f"max_len {r.max_len} (train.max_context {config.train.max_context})",
            f"  weights {_size(p.weight_bytes)} ({r.weights_dtype or config.model.param_dtype}), "
            f"decode state {_size(p.bytes_per_seq)} a sequence (KV {_size(p.kv_bytes_per_seq)}, "
-           f"Gated DeltaNet {_size(p.gdn_bytes_per_seq)}); {p.per_engine} sequences fit in "
+           f"Gated DeltaNet {_size(p.gdn_bytes_per_seq)}); engine memory "
            f"{_size(p.engine_memory_bytes)} (rollout.capacity.memory_fraction {r.capacity.memory_fraction})"]
-  try:
-    slots = capacity.engine_slots(config, num_devices)
-    lines.append(f"  slots {slots}" + (" (rollout.slots)" if r.slots else
-                                       f" (planner, capped at rollout.max_slots {r.max_slots})")
-                 + f", kept turns {r.turn_cache} (rollout.turn_cache)")
-  except ValueError as e:
-    lines.append(f"  does NOT fit: {e}")
+  shared = capacity.sharing_the_trainers_devices(config, num_devices)
+  for where, c in (("as a serve job", config), ("in the trainer's process", shared)):
+    held = c.rollout.capacity.reserve_gib - r.capacity.reserve_gib
+    fit = capacity.plan_from_config(c, num_devices).per_engine
+    line = f"  {where}" + (f" (the train step holds {held:.2f} GiB of these devices)"
+                           if held else "") + f": {fit} sequences fit; "
+    try:
+      slots = capacity.engine_slots(c, num_devices)
+      line += f"slots {slots}" + (" (rollout.slots)" if r.slots else
+                                  f" (planner, capped at rollout.max_slots {r.max_slots})")
+      line += f", kept turns {r.turn_cache} (rollout.turn_cache)"
+    except ValueError as e:
+      line += f"does NOT fit: {e}"
+    lines.append(line)
   return "\n".join(lines)
 
 

@@ -116,9 +116,9 @@ def engine_slots(config, num_devices: int = 0) -> int:
   p = plan_from_config(config, num_devices)
   kept = int(config.rollout.turn_cache)
   if p.per_engine - kept < 1:
-    raise ValueError(f"no sequence of {p.context_len} tokens fits: {p.free_bytes / GIB:.1f} GiB "
-                     f"free after weights, {p.bytes_per_seq / GIB:.2f} GiB per sequence, room "
-                     f"for {p.per_engine} of which rollout.turn_cache keeps {kept} turns")
+    raise ValueError(f"no decode slot of {p.context_len} tokens is left: {p.free_bytes / GIB:.1f} "
+                     f"GiB free after weights, {p.bytes_per_seq / GIB:.2f} GiB per sequence, "
+                     f"room for {p.per_engine} sequences, of which rollout.turn_cache keeps {kept}")
   return int(min(p.per_engine - kept, config.rollout.max_slots))
 
 
@@ -179,3 +179,26 @@ def check_context(config) -> None:
         f"rollout.max_len={max_len} < train.max_context={context}: episodes may grow to "
         f"train.max_context tokens but a rollout slot holds rollout.max_len; raise "
         f"rollout.max_len (or lower train.max_context)")
+
+
+def train_step_bytes_per_device(config, num_devices: int = 0) -> int:
+  """What the train step holds on each of its devices at its peak (rl/plan.py, from shapes:
+  params, gradients, optimizer state, activations of a train.seq_len micro-batch)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from rl import plan as train_plan  # pylint: disable=g-import-not-at-top
+  p = train_plan.memory_plan(config, num_devices or jax.device_count(), [config.train.seq_len])
+  return p["params"] + p["grads"] + p["opt"] + p["activations"][0][1]["total"]
+
+
+def sharing_the_trainers_devices(config, num_devices: int = 0):
+  """`config` for an engine in the trainer's process, which serves from the train step's own
+  devices: rollout.capacity.reserve_gib grows by what the train step holds on the engine's
+  devices, so the planner's slots and kept turns leave it that memory (a serve job has its
+  devices to itself). Returned as is when rollout.slots is set (nothing is planned)."""
+  if config.rollout.slots:
+    return config
+  held = _engine_devices(config, num_devices) * train_step_bytes_per_device(config, num_devices)
+  c = config.copy_and_resolve_references()
+  with c.unlocked():
+    c.rollout.capacity.reserve_gib = float(c.rollout.capacity.reserve_gib) + held / GIB
+  return c

@@ -109,3 +109,22 @@ def test_device_memory_is_the_plan_sections_unless_told():
   assert two == int(2.0 * capacity.GIB * c.rollout.capacity.memory_fraction)
   c.rollout.capacity.device_memory_gib = 1.0
   assert capacity.plan_from_config(c).engine_memory_bytes == two // 2
+
+
+def test_an_engine_in_the_trainers_process_leaves_the_train_step_its_memory():
+  from rl import plan as train_plan
+  c = tiny_cpu.get_config()
+  c.unlock()
+  assert capacity.sharing_the_trainers_devices(c) is c       # rollout.slots set: nothing planned
+  c.rollout.slots = 0
+  c.plan.device_memory_gib = 0.25
+  shared = capacity.sharing_the_trainers_devices(c, num_devices=8)
+  p = train_plan.memory_plan(c, 8, [c.train.seq_len])
+  held = p["params"] + p["grads"] + p["opt"] + p["activations"][0][1]["total"]
+  assert held > 0
+  # The engine serves from one of the trainer's 8 devices (tiny: rollout.mesh_shape (1,1,1,1)).
+  assert shared.rollout.capacity.reserve_gib * capacity.GIB == pytest.approx(held)
+  alone, beside = (capacity.plan_from_config(x, 8) for x in (c, shared))
+  assert alone.free_bytes - beside.free_bytes == pytest.approx(held, abs=1)
+  assert beside.per_engine < alone.per_engine
+  assert c.rollout.capacity.reserve_gib == 0.0               # the caller's config is untouched
