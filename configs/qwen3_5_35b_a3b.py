@@ -2,8 +2,9 @@
 
   python launch.py --mode=plan --config=configs/qwen3_5_35b_a3b.py
 
-Mesh: experts over `expert` (256 experts / 8), dense weights FSDP over `fsdp` (2), the batch
-over all three. Precision and hyperparameters: configs/report_recipe.py.
+Mesh: experts over `expert` (256 experts / 8), dense weights FSDP over `fsdp` (2); each 160k
+row's tokens over all 16 devices (context parallelism). Precision and hyperparameters:
+configs/report_recipe.py.
 Several hosts: the rollout servers run as their own jobs (`launch.py --mode=serve
 --config.rollout.mesh_shape=...` on each; `rollout.servers` and `rollout.weights_dir` for the
 trainer): an in-process engine serves from one process only (rl/rollout/README.md).
@@ -16,6 +17,8 @@ def get_config(arg=None):
   del arg
   c = report_recipe.apply(base.get_config(), "qwen3_5_35b_a3b")
   c.mesh.shape = (1, 2, 8, 1)        # data, fsdp, expert, tensor = 16 devices
-  c.train.micro_batches = 16         # 256 rows / 16 devices / 16 = 1 row per device per micro-batch
+  # 256 rows / 128 = 2 a micro-batch, each split over the 16 devices: 69 of 141 GiB a device
+  # (--mode=plan; 90 with twice the activations; 64 micro-batches: 90, 132).
+  c.train.micro_batches = 128
   c.plan.num_devices = 16
   return c

@@ -3,9 +3,11 @@
   python launch.py --mode=plan --config=configs/qwen3_5_397b_a17b.py
 
 Mesh: experts over `expert` (512 experts / 8), dense weights and the expert weights' embed
-dimension FSDP over `fsdp` (8), the batch over both. Precision and hyperparameters:
-configs/report_recipe.py. For a TPU v5p-512 slice (256 chips of 95 GiB):
-  --config.mesh.shape="(1,32,8,1)" --config.plan.num_devices=256
+dimension FSDP over `fsdp` (8); each 160k row's tokens over all 64 devices (context
+parallelism over `fsdp` x `expert`). Precision and hyperparameters: configs/report_recipe.py.
+For a TPU v5p-512 slice (256 chips of 95 GiB; 57 GiB a chip by --mode=plan, 87 with twice
+the activations):
+  --config.mesh.shape="(1,32,8,1)" --config.plan.num_devices=256 --config.train.micro_batches=16
   --config.plan.device_kind="TPU v5p" --config.plan.device_memory_gib=95
 Several hosts: the rollout servers run as their own jobs (`launch.py --mode=serve
 --config.rollout.mesh_shape=...` on each; `rollout.servers` and `rollout.weights_dir` for the
@@ -19,6 +21,9 @@ def get_config(arg=None):
   del arg
   c = report_recipe.apply(base.get_config(), "qwen3_5_397b_a17b")
   c.mesh.shape = (1, 8, 8, 1)        # data, fsdp, expert, tensor = 64 devices
-  c.train.micro_batches = 4          # 256 rows / 64 devices / 4 = 1 row per device per micro-batch
+  # The float32 masters and Adam moments take 108 of the 141 GiB: a micro-batch holds 2 rows,
+  # each split over the 64 devices, 119 GiB a device (--mode=plan; 130 with twice the
+  # activations; with rows split over `fsdp` alone no micro-batching fits).
+  c.train.micro_batches = 128
   c.plan.num_devices = 64
   return c

@@ -5,6 +5,9 @@ layer cycle, query-chunked attention.
 """
 
 
+from models import sharding
+
+
 def apply(c, preset: str):
   """Sets the full-size model `preset` and the report's hyperparameters on config `c`."""
   c.name = preset
@@ -31,8 +34,15 @@ def apply(c, preset: str):
   c.train.prompts_per_step = 16
   c.train.samples_per_prompt = 16
   c.train.mini_batches = 1
-  c.train.seq_len = 32_768           # padded training row; trajectories up to max_context
+  # A training row holds the longest trajectory the harness allows (160 x 1024 >= 160k; the
+  # loop refuses less). Such a row is split over the `fsdp` x `expert` devices (context
+  # parallelism: each holds its share of the row's activations, attention gathers keys and
+  # values), rows spread over `data`; the configs pick micro-batches with room for twice the
+  # plan's activations (on host devices the split saved half what the plan's model says:
+  # README, "Context parallelism is a sharding rule").
+  c.train.seq_len = 163_840
   c.train.max_context = 160_000
+  c.mesh.rules = sharding.context_parallel_rules(c.mesh.rules, ("fsdp", "expert"))
   c.train.steps = 200
   # The released Qwen3.5 weights, as a local Hugging Face directory (set it per run:
   # --config.train.init_from=/path/to/Qwen3.5-35B-A3B); the report runs RL straight from it.

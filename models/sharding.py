@@ -72,6 +72,26 @@ def rules_from_config(rules: Iterable) -> Rules:
   return tuple(out)
 
 
+def context_parallel_rules(rules: Iterable, axes) -> Rules:
+  """`rules` with each row's tokens split over the mesh `axes` (context parallelism): the
+  `activation_length` rule maps to them and the `batch` rule no longer uses them.
+
+  A long trajectory then costs each device its share of the row's activations instead of the
+  whole row; attention gathers its keys and values across the split (GSPMD inserts the
+  collectives). Rows are spread over the batch rule's remaining axes."""
+  axes = (axes,) if isinstance(axes, str) else tuple(axes)
+  out = []
+  for name, target in rules_from_config(rules):
+    if name == "batch":
+      kept = tuple(a for a in ((target,) if isinstance(target, str) else (target or ()))
+                   if a not in axes)
+      target = None if not kept else (kept[0] if len(kept) == 1 else kept)
+    elif name == "activation_length":
+      target = axes[0] if len(axes) == 1 else axes
+    out.append((name, target))
+  return tuple(out)
+
+
 def _axis_size(mesh: Mesh, target) -> int:
   if target is None:
     return 1

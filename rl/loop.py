@@ -877,7 +877,14 @@ def _fmt_eval(name: str, s: dict) -> str:
 
 
 def check_batch_shape(config) -> None:
-  """The rollout batch must split into mini- and micro-batches; said before any rollout."""
+  """The rollout batch must split into mini- and micro-batches and a training row must hold
+  the longest trajectory the harness lets grow; said before any rollout."""
+  if int(config.train.seq_len) < int(config.train.max_context):
+    raise ValueError(
+        f"train.seq_len={config.train.seq_len} < train.max_context={config.train.max_context}: "
+        f"episodes may grow to train.max_context tokens but a training row holds "
+        f"train.seq_len; raise train.seq_len (context parallelism, "
+        f"models.sharding.context_parallel_rules, splits long rows over devices)")
   rows = int(config.train.prompts_per_step) * int(config.train.samples_per_prompt)
   parts = int(config.train.mini_batches) * int(config.train.micro_batches)
   if parts < 1 or rows % parts:

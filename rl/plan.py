@@ -12,7 +12,13 @@ The activation estimate is analytic (an upper-bound style model of the current
 implementation, not a compiler measurement): saved layer inputs under the configured remat,
 the working set of one recomputed layer cycle, the attention score matrices (the attention
 layers hold [heads, chunk or seq, seq] float32 scores per block) and the float32 logits of the LM
-head. It is printed per micro-batch for several sequence lengths.
+head. It is printed per micro-batch for several sequence lengths. With context parallelism
+(`activation_length` mapped to mesh axes) each row's per-token terms are divided over those
+axes' devices and attention adds the row's gathered keys and values; on host devices the
+measured split saved about half what this model says (README, "Context parallelism is a
+sharding rule").
+
+Below the train step it prints the rollout engine's side (rl/rollout/capacity.py).
 """
 from __future__ import annotations
 
@@ -79,30 +85,35 @@ def memory_plan(config, num_devices: int, seq_lens=None) -> dict:
   opt = mu_bytes + nu_bytes
 
   counts = qwen3_5.count_params(mc)
-  batch_ways = math.prod(mesh.shape[a] for a in _batch_axes(rules))
+  batch_ways = math.prod(mesh.shape[a] for a in _rule_axes(rules, "batch"))
+  length_ways = math.prod(mesh.shape[a] for a in _rule_axes(rules, "activation_length"))
   tensor_ways = mesh.shape.get("tensor", 1)
   rows = config.train.prompts_per_step * config.train.samples_per_prompt
   rows_mb = rows // config.train.mini_batches // config.train.micro_batches
+  # Rows per group of devices that splits one row (context parallelism; one device without).
   rows_dev = rows_mb / batch_ways
   act = []
   for t in (seq_lens or [config.train.seq_len]):
-    act.append((t, activation_bytes(mc, t, max(rows_dev, 1.0), tensor_ways)))
+    act.append((t, activation_bytes(mc, t, max(rows_dev, 1.0), tensor_ways, length_ways)))
   return {"mesh": dict(mesh.shape), "num_devices": num_devices, "counts": counts,
           "params": params, "grads": grads, "opt": opt, "activations": act,
-          "rows_per_device": rows_dev, "rows_per_micro_batch": rows_mb}
+          "rows_per_device": rows_dev, "rows_per_micro_batch": rows_mb,
+          "length_ways": length_ways}
 
 
-def _batch_axes(rules):
+def _rule_axes(rules, logical: str) -> tuple:
   for name, target in rules:
-    if name == "batch":
+    if name == logical:
       return () if target is None else ((target,) if isinstance(target, str) else target)
   return ()
 
 
-def activation_bytes(mc, seq: int, rows: float, tensor_ways: int) -> dict:
-  """Analytic activation bytes of one micro-batch on one device (see module docstring)."""
+def activation_bytes(mc, seq: int, rows: float, tensor_ways: int, length_ways: int = 1) -> dict:
+  """Analytic activation bytes of one micro-batch on one device (see module docstring).
+  `length_ways`: devices each row's tokens are split over (context parallelism); attention
+  then also holds the row's gathered keys and values."""
   ab = jnp.dtype(mc.dtype).itemsize
-  tok = rows * seq
+  tok = rows * seq / length_ways
   h = mc.hidden_size
   mlp = (mc.num_experts_per_tok * mc.moe_intermediate_size * 3 + mc.shared_expert_intermediate_size * 3
          if mc.use_moe else mc.intermediate_size * 3)
@@ -113,6 +124,9 @@ def activation_bytes(mc, seq: int, rows: float, tensor_ways: int) -> dict:
                "full_attention": 4 * h + mlp / tensor_ways + attn / tensor_ways}
   n_attn = sum(1 for t in mc.layer_types if t == "full_attention")
   cycle_ws = sum(per_layer[t] for t in mc.cycle) * tok * ab
+  if length_ways > 1:
+    gathered_kv = 2 * mc.num_key_value_heads * mc.head_dim * rows * seq * ab
+    cycle_ws += sum(1 for t in mc.cycle if t == "full_attention") * gathered_kv
   if mc.remat == "full":
     saved = mc.num_cycles * tok * h * ab
     working = cycle_ws * 2              # forward recompute + backward of one cycle
@@ -131,10 +145,10 @@ def activation_bytes(mc, seq: int, rows: float, tensor_ways: int) -> dict:
     score_area = seq * seq * (n + 1) / (2 * n)
   else:
     score_area = seq * seq
-  scores = scores_layers * rows * heads_dev * score_area * 4 * 2   # f32 logits + probs
+  scores = scores_layers * rows * heads_dev * score_area / length_ways * 4 * 2  # f32 logits + probs
   # f32 logits, log-softmax and their grad, for logits_chunk positions of each row at a time.
   logit_rows = rows * (mc.logits_chunk if 0 < mc.logits_chunk < seq else seq)
-  logits = logit_rows * mc.vocab_size / tensor_ways * 4 * 3
+  logits = logit_rows / length_ways * mc.vocab_size / tensor_ways * 4 * 3
   return {"saved": saved, "working": working, "attn_scores": scores, "logits": logits,
           "total": saved + working + scores + logits}
 
@@ -156,7 +170,9 @@ def format_plan(config, plan: dict) -> str:
   lines.append(f"  batch: {config.train.prompts_per_step} prompts x {config.train.samples_per_prompt} "
                f"samples, {config.train.mini_batches} mini-batch(es), {config.train.micro_batches} "
                f"micro-batch(es): {plan['rows_per_micro_batch']} rows per micro-batch, "
-               f"{plan['rows_per_device']:.2f} per device; remat={config.model.remat}")
+               f"{plan['rows_per_device']:.2f} per device"
+               + (f" group of {plan['length_ways']} (each row split over them: context parallel)"
+                  if plan["length_ways"] > 1 else "") + f"; remat={config.model.remat}")
   if plan["rows_per_device"] < 1:
     lines.append("  note: fewer than one row per device per micro-batch; devices along the batch "
                  "axes idle or duplicate work (use fewer micro-batches)")

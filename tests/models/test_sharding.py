@@ -66,3 +66,15 @@ def test_non_divisible_dims_fall_back_to_replication():
   mesh2 = shd.make_mesh(c2.mesh)
   assert shd.logical_to_spec(("batch", None), rules, mesh2, (8, 5)) == P(("data", "fsdp", "expert"), None)
   assert shd.logical_to_spec(("batch", None), rules, mesh2, (4, 5)) == P(("data", "fsdp"), None)
+
+
+def test_context_parallel_rules_split_rows_over_the_named_axes_and_batch_over_the_rest():
+  rules = base.get_config().mesh.rules
+  cp = dict(shd.context_parallel_rules(rules, "fsdp"))
+  assert cp["activation_length"] == "fsdp" and cp["batch"] == ("data", "expert")
+  cp2 = dict(shd.context_parallel_rules(rules, ("fsdp", "expert")))
+  assert cp2["activation_length"] == ("fsdp", "expert") and cp2["batch"] == "data"
+  # Everything else (the parameters' layout) is unchanged.
+  assert {k: v for k, v in cp.items() if k not in ("batch", "activation_length")} == {
+      k: v for k, v in dict(shd.rules_from_config(rules)).items()
+      if k not in ("batch", "activation_length")}

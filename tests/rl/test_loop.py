@@ -633,6 +633,13 @@ def test_batch_that_does_not_split_into_micro_batches_is_a_clear_error():
     loop.check_batch_shape(c)
 
 
+def test_a_training_row_shorter_than_the_context_is_a_clear_error():
+  c = tiny_cpu.get_config()
+  c.train.seq_len = c.train.max_context - 1
+  with pytest.raises(ValueError, match="train.seq_len=2559 < train.max_context=2560"):
+    loop.check_batch_shape(c)
+
+
 def _episode(group, sample, reward, outcome="ok"):
   from envs.harness.world import EpisodeResult
   return EpisodeResult(task_id=f"t{group}", group_id=group, sample_index=sample, outcome=outcome,

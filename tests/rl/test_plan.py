@@ -25,3 +25,24 @@ def test_query_chunks_hold_one_block_of_scores():
   # The query-chunked path takes precedence when both are set (as in the model).
   assert _scores(attention_query_chunk=256, attention_causal_block=512) == \
       _scores(attention_query_chunk=256)
+
+
+def test_context_parallel_splits_a_rows_activations_over_its_devices():
+  mc = qwen3_5.config_from_dict(tiny_cpu.get_config().model)
+  whole = plan.activation_bytes(mc, 2048, 1.0, 1)
+  split = plan.activation_bytes(mc, 2048, 1.0, 1, length_ways=4)
+  for k in ("saved", "attn_scores", "logits"):
+    assert split[k] == pytest.approx(whole[k] / 4)
+  # Attention also holds the row's keys and values, gathered from the 4 devices.
+  assert whole["working"] / 4 < split["working"] < whole["working"] / 2
+
+
+@pytest.mark.parametrize("name", ["qwen3_5_35b_a3b", "qwen3_5_397b_a17b"])
+def test_full_size_configs_fit_a_row_of_the_whole_context(name):
+  import importlib
+  c = importlib.import_module(f"configs.{name}").get_config()
+  assert c.train.seq_len >= c.train.max_context
+  p = plan.memory_plan(c, c.plan.num_devices, [c.train.seq_len])
+  per_device = p["params"] + p["grads"] + p["opt"] + p["activations"][0][1]["total"]
+  assert p["length_ways"] > 1
+  assert per_device <= 0.95 * c.plan.device_memory_gib * plan.GiB

@@ -232,16 +232,22 @@ def test_weights_synced_from_a_donated_train_state_stay_served(client, server, m
     server.update_weights(old)
 
 
-def test_engine_on_a_mesh_from_config_serves_the_models_greedy_tokens(config, model, full_forward):
+@pytest.mark.parametrize("context_parallel", [False, True], ids=["rows", "context_parallel"])
+def test_engine_on_a_mesh_from_config_serves_the_models_greedy_tokens(config, model, full_forward,
+                                                                      context_parallel):
   """`rollout.mesh_shape` (1, 2, 2, 2): the engine's params and decode state spread over 8
   devices; served tokens equal the recompute, before and after a weight sync from a train
-  layout on the same devices."""
+  layout on the same devices. Also with the full-size configs' context-parallel rules (prompts
+  and the KV cache split by position over `fsdp`)."""
   from jax.sharding import NamedSharding, PartitionSpec as P
+  from models import sharding
   from rl.rollout import serve
   cfg, old = model
   c = config.copy_and_resolve_references()
   with c.unlocked():
     c.rollout.mesh_shape = (1, 2, 2, 2)
+    if context_parallel:
+      c.mesh.rules = sharding.context_parallel_rules(c.mesh.rules, "fsdp")
   s = serve.build_server(c, params=old, port=0, warmup=False)
   client = TokenClient(s.address, timeout_s=120)
   try:
