@@ -18,6 +18,12 @@ With --live_groups=K only K prompt groups carry signal (the others all pass: fil
 most groups are in a GRPO batch of a small policy) and the step is timed twice in the same
 run: rows as they come (every micro-batch holds a live row, so all are computed) and packed
 by `rl.grpo.pack_live_rows` (as `rl.loop` feeds the step: all-dead micro-batches skipped).
+
+  python benchmarks/train_step.py --config=configs/tiny_cpu.py --bucket=1024
+
+With --bucket=N the trajectories end by token N and the step is timed twice in the same run:
+padded to train.seq_len and padded to N (train.seq_buckets: the step's rows are as long as its
+longest trajectory's bucket).
 """
 import os
 import sys
@@ -41,6 +47,9 @@ _LIVE = flags.DEFINE_integer("live_groups", -1, "Groups with signal (the rest fi
                              "skipped) against the unpacked one.")
 
 # Dense bf16 peak FLOP/s per device, by substring of jax's device_kind.
+_BUCKET = flags.DEFINE_integer("bucket", 0, "> 0: trajectories end by this token; also times "
+                               "them padded to it (train.seq_buckets) against train.seq_len.")
+
 _PEAK = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "v5p": 459e12,
          "v5e": 197e12, "v5 lite": 197e12, "v4": 275e12, "v6": 918e12}
 
@@ -85,6 +94,8 @@ def synthetic_batch(config, seed=0):
 def main(argv):
   del argv
   config = _CONFIG.value
+  if _BUCKET.value > 0:
+    config.train.seq_buckets = (_BUCKET.value,)
   mesh = shd.make_mesh(config.mesh)
   step = ts.TrainStep(config, mesh)
   mc = step.model_cfg
@@ -99,6 +110,12 @@ def main(argv):
                           host["loss_mask"], config.rl.filter_zero_variance)
     # Unpacked: live rows at the front, so the strided split puts one in every micro-batch.
     packed = grpo.pack_live_rows(host, live, config.train.micro_batches)
+  short = None
+  if _BUCKET.value > 0:
+    n = _BUCKET.value
+    for k in ("tokens", "loss_mask", "rollout_logprobs"):
+      host[k][:, n:] = 0
+    short = {k: v[:, :n] if v.ndim == 2 else v for k, v in host.items()}
   batch = step.shard_batch(host)
   rows, seq = host["tokens"].shape
 
@@ -118,6 +135,8 @@ def main(argv):
   state, m, compile_s, dt = timed(state, batch)
   if _LIVE.value >= 0:
     state, _, _, packed_dt = timed(state, step.shard_batch(packed))
+  if short is not None:
+    state, m_short, short_compile_s, short_dt = timed(state, step.shard_batch(short))
   tokens = rows * seq
   flops = model_flops_per_step(mc, rows, seq, int(host["loss_mask"].sum()))
   dev = jax.devices()[0]
@@ -144,6 +163,11 @@ def main(argv):
     print(f"step, unpacked    {dt * 1e3:.1f} ms (every micro-batch computed)")
     print(f"step, packed      {packed_dt * 1e3:.1f} ms (all-dead micro-batches skipped): "
           f"{dt / packed_dt:.2f}x faster")
+  if short is not None:
+    # The loss differs by the timed steps in between (each step updates the state).
+    print(f"rows of {seq}      {dt * 1e3:.1f} ms (train.seq_len)")
+    print(f"rows of {_BUCKET.value:<6d}    {short_dt * 1e3:.1f} ms (bucket; first step {short_compile_s:.1f} s "
+          f"with its compile): {short_dt / dt:.3f}x the time")
 
 
 if __name__ == "__main__":

@@ -182,6 +182,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.train.micro_batches = 1          # gradient-accumulation splits of a mini-batch (lax.scan)
   c.train.skip_empty_updates = True  # no optimizer update (momentum, decay) for a mini-batch without a loss token
   c.train.seq_len = 4096             # padded token length of a training row (>= max_context)
+  c.train.seq_buckets = ()           # shorter row lengths a step pads to when its longest trajectory fits (one compile each); () = seq_len only
   c.train.max_context = 4096         # longest episode (tokens) the harness lets grow; recipe: 160k (report_recipe.py)
   c.train.log_every = 1              # steps between metric logs
   c.train.init_from = ""             # Hugging Face checkpoint directory the policy starts from (SFT, else RL); "" = random init

@@ -791,12 +791,21 @@ class TaskStream:
     return self.position / len(self.tasks)
 
 
+def row_length(config, longest: int) -> int:
+  """The row length a step's batch pads to: the shortest of train.seq_buckets and
+  train.seq_len that holds its longest trajectory."""
+  lengths = sorted({int(b) for b in config.train.seq_buckets} | {int(config.train.seq_len)})
+  return next((n for n in lengths if n >= longest), lengths[-1])
+
+
 def rl_batch(results, config) -> tuple[dict, dict]:
   """Episode results -> the train step's batch (fixed shape) and the rollout metrics."""
   from envs.harness.batch import batch_metrics
   from envs.harness.batch import collate
   from rl import grpo
-  d = collate(results, config.harness.max_timeouts_per_group, pad_to=config.train.seq_len)
+  longest = max((len(r.tokens) for r in results), default=0)
+  row_len = row_length(config, longest)
+  d = collate(results, config.harness.max_timeouts_per_group, pad_to=row_len)
   batch = {"tokens": d["tokens"], "loss_mask": d["loss_mask"],
            "rollout_logprobs": d["rollout_logprobs"], "rewards": d["rewards"],
            "group_ids": d["group_ids"], "valid": d["train_mask"]}
@@ -804,6 +813,7 @@ def rl_batch(results, config) -> tuple[dict, dict]:
   live = grpo.live_rows(batch["rewards"], batch["group_ids"], batch["valid"],
                         batch["loss_mask"], config.rl.filter_zero_variance)
   m["train/live_rows"] = float(live.sum())
+  m["train/row_len"], m["rollout/longest_tokens"] = float(row_len), float(longest)
   if int(config.train.mini_batches) == 1:
     # Rows of groups with no signal gathered into the last micro-batches, which the train step
     # then skips: with most groups all-pass or all-fail, most of the step's compute.
@@ -885,6 +895,10 @@ def check_batch_shape(config) -> None:
         f"episodes may grow to train.max_context tokens but a training row holds "
         f"train.seq_len; raise train.seq_len (context parallelism, "
         f"models.sharding.context_parallel_rules, splits long rows over devices)")
+  bad = [b for b in config.train.seq_buckets if not 0 < int(b) <= int(config.train.seq_len)]
+  if bad:
+    raise ValueError(f"train.seq_buckets {tuple(config.train.seq_buckets)}: {bad} not in "
+                     f"(0, train.seq_len={config.train.seq_len}]")
   rows = int(config.train.prompts_per_step) * int(config.train.samples_per_prompt)
   parts = int(config.train.mini_batches) * int(config.train.micro_batches)
   if parts < 1 or rows % parts:

@@ -261,8 +261,10 @@ class TrainStep:
     rl = self.config.rl
     mask = mini["loss_mask"]
     mini = dict(mini)
+    # Dr. GRPO's constant is the configured row length, not the row length this step was
+    # padded to (train.seq_buckets), so that it is one constant across steps.
     mini["weights"] = grpo.reduction_weights(mask, mini["group_ids"], rl.loss_reduction,
-                                             rl.max_seq_len or None)
+                                             rl.max_seq_len or int(self.config.train.seq_len))
     mini["metric_weights"] = mask / jnp.maximum(mask.sum(), 1.0)
     return mini
 
@@ -319,18 +321,30 @@ class TrainStep:
     new_state = {"params": params, "opt_state": opt_state, "step": step, "rng": state["rng"]}
     return new_state, metrics
 
+  def row_lengths(self) -> tuple:
+    """The row lengths a batch may have: train.seq_buckets and train.seq_len."""
+    t = self.config.train
+    return tuple(sorted({int(b) for b in t.seq_buckets} | {int(t.seq_len)}))
+
   def _compiled_for(self, batch):
-    """The jitted step; built once, for the batch layout of the first call."""
-    signature = {k: (tuple(v.shape), str(v.dtype)) for k, v in batch.items()}
+    """The jitted step; built for the batch layout of the first call. Later batches may differ
+    from it only in their row length, one of `row_lengths` (one compile each)."""
+    row_len = int(batch["tokens"].shape[1])
+    # Shapes and dtypes with the row length of the [batch, row] arrays left out.
+    layout = {k: ((v.shape[0], "row") if v.ndim == 2 else tuple(v.shape), str(v.dtype))
+              for k, v in batch.items()}
     if self._jitted is None:
-      self._batch_signature = signature
+      self._batch_signature = (layout, row_len)
       self._jitted = jax.jit(
           self._step, in_shardings=(self.state_shardings, self.batch_shardings(batch)),
           out_shardings=(self.state_shardings, shd.replicated(self.mesh)),
           donate_argnums=(0,))
-    elif signature != self._batch_signature:
-      raise ValueError(f"batch layout changed: {signature} vs {self._batch_signature}; pad "
-                       "batches to one shape so the step compiles once")
+    elif layout != self._batch_signature[0] or (
+        row_len != self._batch_signature[1] and row_len not in self.row_lengths()):
+      raise ValueError(f"batch layout changed: {layout}, rows of {row_len} vs "
+                       f"{self._batch_signature}; pad batches to one shape (row lengths "
+                       f"{self.row_lengths()}: train.seq_buckets, train.seq_len) so the step "
+                       f"compiles once per row length")
     return self._jitted
 
   def __call__(self, state, batch):

@@ -666,6 +666,22 @@ def test_dynamic_sampling_keeps_groups_with_signal_first_and_renumbers_them():
     loop.pick_groups(results, live, 6)
 
 
+def test_a_steps_rows_pad_to_the_shortest_bucket_that_holds_its_longest_trajectory():
+  c = tiny_cpu.get_config()
+  c.train.seq_buckets = (8, 1024)
+  short = [_episode(0, 0, 1.0), _episode(0, 1, 0.0)]
+  assert loop.rl_batch(short, c)[0]["tokens"].shape == (2, 8)
+  longer = short + [dataclasses.replace(_episode(1, 0, 1.0), tokens=list(range(9)),
+                                        loss_mask=[0] * 2 + [1] * 7,
+                                        rollout_logprobs=[0.0] * 9)]
+  assert loop.rl_batch(longer, c)[0]["tokens"].shape == (3, 1024)
+  assert loop.row_length(c, 2000) == c.train.seq_len == 2560   # past every bucket
+  loop.check_batch_shape(c)
+  c.train.seq_buckets = (8, 4096)
+  with pytest.raises(ValueError, match=r"train.seq_buckets \(8, 4096\): \[4096\] not in"):
+    loop.check_batch_shape(c)
+
+
 def test_a_group_masked_for_timeouts_carries_no_signal_for_dynamic_sampling():
   c = tiny_cpu.get_config()
   with c.unlocked():

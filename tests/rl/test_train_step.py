@@ -294,3 +294,24 @@ def test_context_parallel_step_matches_single_device(base_state_and_batch):
   np.testing.assert_allclose(m["loss/total"], ref_m["loss/total"], rtol=1e-5)
   _rel_close(m["grads"], ref_m["grads"], what="grads ")
   _rel_close(p, ref_p, what="params ")
+
+
+def test_a_batch_padded_to_a_shorter_bucket_trains_as_at_the_full_row_length(base_state_and_batch):
+  """train.seq_buckets: the same trajectories padded to 16 instead of 24 give the same loss,
+  gradients and update (padding after a row's end changes nothing, Dr. GRPO's constant is the
+  configured row length); other row lengths are refused."""
+  host_state, batch = base_state_and_batch
+  step = _step("single", **{"train.seq_buckets": (16,), "rl.loss_reduction": "seq_mean_token_sum_norm"})
+  short = tu.make_batch(tu.small_config(**{"train.seq_len": 16}), seed=3)
+  full = {k: np.pad(v, ((0, 0), (0, 8))) if v.ndim == 2 else v for k, v in short.items()}
+  outs = []
+  for b in (full, short):
+    state, m = step(_put_state(step, host_state), step.shard_batch(b))
+    outs.append((jax.device_get(m), jax.device_get(state["params"])))
+  (m24, p24), (m16, p16) = outs
+  np.testing.assert_allclose(m16["loss/total"], m24["loss/total"], rtol=1e-5)
+  _rel_close(m16["grads"], m24["grads"], what="grads ")
+  _rel_close(p16, p24, what="params ")
+  odd = {k: v[:, :12] if v.ndim == 2 else v for k, v in short.items()}
+  with pytest.raises(ValueError, match="row lengths \\(16, 24\\)"):
+    step(_put_state(step, host_state), step.shard_batch(odd))
