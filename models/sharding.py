@@ -92,6 +92,27 @@ def context_parallel_rules(rules: Iterable, axes) -> Rules:
   return tuple(out)
 
 
+def without_context_parallel(rules: Iterable) -> Rules:
+  """`rules` with whole rows again: the `activation_length` axes go back to the `batch` rule.
+  The rollout engine's layout: its decode state is split by slot over the batch axes, and a
+  cache split by position would cost a collective at every decoded token."""
+  rules = rules_from_config(rules)
+  length = dict(rules).get("activation_length")
+  if length is None:
+    return rules
+  length = (length,) if isinstance(length, str) else tuple(length)
+  out = []
+  for name, target in rules:
+    if name == "batch":
+      kept = (target,) if isinstance(target, str) else tuple(target or ())
+      target = kept + tuple(a for a in length if a not in kept)
+      target = target[0] if len(target) == 1 else target
+    elif name == "activation_length":
+      target = None
+    out.append((name, target))
+  return tuple(out)
+
+
 def _axis_size(mesh: Mesh, target) -> int:
   if target is None:
     return 1

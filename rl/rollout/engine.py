@@ -207,7 +207,8 @@ def engine_mesh(config):
     return None, None
   mesh = sharding.make_mesh(types.SimpleNamespace(axes=tuple(config.mesh.axes), shape=resolved),
                             devices=jax.devices()[:wanted])
-  return mesh, sharding.rules_from_config(config.mesh.rules)
+  # Context parallelism is for the train step's long rows; the engine keeps whole rows.
+  return mesh, sharding.without_context_parallel(config.mesh.rules)
 
 
 def serving_shapes(shapes, weights_dtype: Optional[str]):

@@ -78,3 +78,7 @@ def test_context_parallel_rules_split_rows_over_the_named_axes_and_batch_over_th
   assert {k: v for k, v in cp.items() if k not in ("batch", "activation_length")} == {
       k: v for k, v in dict(shd.rules_from_config(rules)).items()
       if k not in ("batch", "activation_length")}
+  # And back to whole rows (the rollout engine's layout): the same axes, batch in a new order.
+  rows = dict(shd.without_context_parallel(shd.context_parallel_rules(rules, ("fsdp", "expert"))))
+  assert rows["activation_length"] is None and rows["batch"] == ("data", "fsdp", "expert")
+  assert shd.without_context_parallel(rules) == shd.rules_from_config(rules)

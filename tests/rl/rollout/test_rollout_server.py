@@ -237,8 +237,8 @@ def test_engine_on_a_mesh_from_config_serves_the_models_greedy_tokens(config, mo
                                                                       context_parallel):
   """`rollout.mesh_shape` (1, 2, 2, 2): the engine's params and decode state spread over 8
   devices; served tokens equal the recompute, before and after a weight sync from a train
-  layout on the same devices. Also with the full-size configs' context-parallel rules (prompts
-  and the KV cache split by position over `fsdp`)."""
+  layout on the same devices. Under the full-size configs' context-parallel rules the engine
+  keeps whole rows: its slots split over the batch axes, fsdp included."""
   from jax.sharding import NamedSharding, PartitionSpec as P
   from models import sharding
   from rl.rollout import serve
@@ -252,6 +252,8 @@ def test_engine_on_a_mesh_from_config_serves_the_models_greedy_tokens(config, mo
   client = TokenClient(s.address, timeout_s=120)
   try:
     assert s.engine.mesh.size == 8
+    assert dict(s.engine._rules)["activation_length"] is None
+    assert "fsdp" in dict(s.engine._rules)["batch"]
     assert len(s.engine.load_params().get()[0]["embed"].sharding.device_set) == 8
     for prompt in PROMPTS[:2]:
       want = greedy_by_recompute(full_forward, old, prompt, 6)
