@@ -72,6 +72,17 @@ def rules_from_config(rules: Iterable) -> Rules:
   return tuple(out)
 
 
+def rule_axes(rules: Iterable, logical: str) -> tuple:
+  """The mesh axes `rules` map the logical axis `logical` to, as a tuple (() = none)."""
+  target = dict(rules_from_config(rules)).get(logical)
+  return () if target is None else ((target,) if isinstance(target, str) else tuple(target))
+
+
+def _rule_target(axes: tuple):
+  """A tuple of mesh axes as a rule's target: None, one name, or the tuple."""
+  return None if not axes else (axes[0] if len(axes) == 1 else tuple(axes))
+
+
 def context_parallel_rules(rules: Iterable, axes) -> Rules:
   """`rules` with each row's tokens split over the mesh `axes` (context parallelism): the
   `activation_length` rule maps to them and the `batch` rule no longer uses them.
@@ -80,37 +91,25 @@ def context_parallel_rules(rules: Iterable, axes) -> Rules:
   whole row; attention gathers its keys and values across the split (GSPMD inserts the
   collectives). Rows are spread over the batch rule's remaining axes."""
   axes = (axes,) if isinstance(axes, str) else tuple(axes)
-  out = []
-  for name, target in rules_from_config(rules):
-    if name == "batch":
-      kept = tuple(a for a in ((target,) if isinstance(target, str) else (target or ()))
-                   if a not in axes)
-      target = None if not kept else (kept[0] if len(kept) == 1 else kept)
-    elif name == "activation_length":
-      target = axes[0] if len(axes) == 1 else axes
-    out.append((name, target))
-  return tuple(out)
+  batch = tuple(a for a in rule_axes(rules, "batch") if a not in axes)
+  return _with_targets(rules, batch=_rule_target(batch), activation_length=_rule_target(axes))
 
 
 def without_context_parallel(rules: Iterable) -> Rules:
   """`rules` with whole rows again: the `activation_length` axes go back to the `batch` rule.
   The rollout engine's layout: its decode state is split by slot over the batch axes, and a
   cache split by position would cost a collective at every decoded token."""
-  rules = rules_from_config(rules)
-  length = dict(rules).get("activation_length")
-  if length is None:
-    return rules
-  length = (length,) if isinstance(length, str) else tuple(length)
-  out = []
-  for name, target in rules:
-    if name == "batch":
-      kept = (target,) if isinstance(target, str) else tuple(target or ())
-      target = kept + tuple(a for a in length if a not in kept)
-      target = target[0] if len(target) == 1 else target
-    elif name == "activation_length":
-      target = None
-    out.append((name, target))
-  return tuple(out)
+  length = rule_axes(rules, "activation_length")
+  if not length:
+    return rules_from_config(rules)
+  batch = rule_axes(rules, "batch")
+  batch += tuple(a for a in length if a not in batch)
+  return _with_targets(rules, batch=_rule_target(batch), activation_length=None)
+
+
+def _with_targets(rules: Iterable, **targets) -> Rules:
+  """`rules` with the targets of the logical axes named in `targets` replaced."""
+  return tuple((name, targets.get(name, target)) for name, target in rules_from_config(rules))
 
 
 def _axis_size(mesh: Mesh, target) -> int:

@@ -794,7 +794,8 @@ class TaskStream:
 def row_length(config, longest: int) -> int:
   """The row length a step's batch pads to: the shortest of train.seq_buckets and
   train.seq_len that holds its longest trajectory."""
-  lengths = sorted({int(b) for b in config.train.seq_buckets} | {int(config.train.seq_len)})
+  from rl.train_step import row_lengths
+  lengths = row_lengths(config.train)
   return next((n for n in lengths if n >= longest), lengths[-1])
 
 

@@ -85,8 +85,8 @@ def memory_plan(config, num_devices: int, seq_lens=None) -> dict:
   opt = mu_bytes + nu_bytes
 
   counts = qwen3_5.count_params(mc)
-  batch_ways = math.prod(mesh.shape[a] for a in _rule_axes(rules, "batch"))
-  length_ways = math.prod(mesh.shape[a] for a in _rule_axes(rules, "activation_length"))
+  batch_ways = math.prod(mesh.shape[a] for a in shd.rule_axes(rules, "batch"))
+  length_ways = math.prod(mesh.shape[a] for a in shd.rule_axes(rules, "activation_length"))
   tensor_ways = mesh.shape.get("tensor", 1)
   rows = config.train.prompts_per_step * config.train.samples_per_prompt
   rows_mb = rows // config.train.mini_batches // config.train.micro_batches
@@ -99,13 +99,6 @@ def memory_plan(config, num_devices: int, seq_lens=None) -> dict:
           "params": params, "grads": grads, "opt": opt, "activations": act,
           "rows_per_device": rows_dev, "rows_per_micro_batch": rows_mb,
           "length_ways": length_ways}
-
-
-def _rule_axes(rules, logical: str) -> tuple:
-  for name, target in rules:
-    if name == logical:
-      return () if target is None else ((target,) if isinstance(target, str) else target)
-  return ()
 
 
 def activation_bytes(mc, seq: int, rows: float, tensor_ways: int, length_ways: int = 1) -> dict:

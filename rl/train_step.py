@@ -135,6 +135,11 @@ def load_balancing_loss(router_logits, num_experts: int, top_k: int) -> jax.Arra
 # ----------------------------------------------------------------------------- the step
 
 
+def row_lengths(train: ml_collections.ConfigDict) -> tuple:
+  """The row lengths a batch may have, ascending: train.seq_buckets and train.seq_len."""
+  return tuple(sorted({int(b) for b in train.seq_buckets} | {int(train.seq_len)}))
+
+
 class TrainStep:
   """Builds the optimizer, state shardings and the jitted step for one config and mesh."""
 
@@ -322,9 +327,7 @@ class TrainStep:
     return new_state, metrics
 
   def row_lengths(self) -> tuple:
-    """The row lengths a batch may have: train.seq_buckets and train.seq_len."""
-    t = self.config.train
-    return tuple(sorted({int(b) for b in t.seq_buckets} | {int(t.seq_len)}))
+    return row_lengths(self.config.train)
 
   def _compiled_for(self, batch):
     """The jitted step; built for the batch layout of the first call. Later batches may differ

@@ -161,14 +161,6 @@ def report_table(context_len: int = 160_000, tp_options=(1, 8)) -> str:
   return "\n".join(lines)
 
 
-def main():
-  print(report_table())
-
-
-if __name__ == "__main__":
-  main()
-
-
 def check_context(config) -> None:
   """Raises ValueError unless the engine's slots hold every episode the harness lets grow: the
   harness stops an episode at train.max_context tokens, the engine refuses a prompt past
@@ -202,3 +194,11 @@ def sharing_the_trainers_devices(config, num_devices: int = 0):
   with c.unlocked():
     c.rollout.capacity.reserve_gib = float(c.rollout.capacity.reserve_gib) + held / GIB
   return c
+
+
+def main():
+  print(report_table())
+
+
+if __name__ == "__main__":
+  main()
