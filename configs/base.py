@@ -170,6 +170,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.optim.decay_steps = 0            # cosine length after warmup; 0 = train.steps - warmup
   c.optim.min_lr_ratio = 0.0         # cosine floor as a fraction of lr
   c.optim.mu_dtype = "float32"       # dtype of Adam's first moment
+  c.optim.trainable = ""             # RL updates only params whose path ('blocks/3/input_norm', 'final_norm') re.search-matches; "" = all
 
   # Training loop shape.
   c.train = ml_collections.ConfigDict()

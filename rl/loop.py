@@ -435,6 +435,7 @@ def sft_optimizer(config):
   optim = config.optim.copy_and_resolve_references()
   with optim.unlocked():
     optim.name = "adamw"
+    optim.trainable = ""  # SFT trains every weight
     optim.lr = config.sft.lr
     optim.warmup_steps = config.sft.warmup_steps
     optim.schedule = config.sft.schedule

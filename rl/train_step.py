@@ -31,6 +31,7 @@ do not change the loss or the gradients.
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any, Optional
 
 import jax
@@ -80,6 +81,12 @@ def make_optimizer(optim: ml_collections.ConfigDict, total_steps: int) -> optax.
   name = optim.name
   if name not in OPTIMIZERS:
     raise ValueError(f"unknown optim.name {name!r}; use one of {OPTIMIZERS}")
+  pattern = optim.get("trainable", "")
+  if pattern:
+    try:
+      re.compile(pattern)
+    except re.error as e:
+      raise ValueError(f"optim.trainable {pattern!r} is not a regular expression: {e}") from None
   parts = []
   if optim.grad_clip:
     parts.append(optax.clip_by_global_norm(optim.grad_clip))
@@ -92,7 +99,49 @@ def make_optimizer(optim: ml_collections.ConfigDict, total_steps: int) -> optax.
       parts.append(optax.add_decayed_weights(optim.weight_decay))
     parts.append(optax.sgd(schedule, momentum=optim.b1 or None,
                            accumulator_dtype=jnp.dtype(optim.mu_dtype)))
-  return optax.chain(*parts)
+  tx = optax.chain(*parts)
+  return only_trainable(pattern, tx) if pattern else tx
+
+
+def param_path(path) -> str:
+  """'blocks/3/mixer/q_norm' for a key path of the parameter tree."""
+  return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
+def trainable_mask(pattern: str, tree) -> Any:
+  """True for each leaf whose path (`param_path`) re.search-matches `pattern`; a pattern that
+  matches no leaf is an error, not a run that trains nothing."""
+  mask = jax.tree_util.tree_map_with_path(
+      lambda path, _: re.search(pattern, param_path(path)) is not None, tree)
+  if not any(jax.tree_util.tree_leaves(mask)):
+    names = [param_path(p) for p, _ in jax.tree_util.tree_leaves_with_path(tree)]
+    raise ValueError(f"optim.trainable {pattern!r} matches no parameter; they are named like "
+                     f"{names[:3]} ... {names[-1:]}")
+  return mask
+
+
+def only_trainable(pattern: str, tx: optax.GradientTransformation) -> optax.GradientTransformation:
+  """`tx` over the leaves `pattern` matches; the others get a zero update.
+
+  Gradients of frozen leaves are zeroed before `tx` (so clipping's global norm is over the
+  trainable ones) and its updates after (so weight decay leaves them too). The state keeps
+  `tx`'s structure, moments of frozen leaves staying 0, so the state's shardings are the
+  plain optimizer's (optax.multi_transform's masked state has no parameter-shaped trees for
+  optax.tree_map_params to map)."""
+
+  def init(params):
+    if any(hasattr(x, "shape") for x in jax.tree_util.tree_leaves(params)):
+      trainable_mask(pattern, params)  # fail at init, not at the first step
+    return tx.init(params)
+
+  def update(updates, state, params=None):
+    mask = trainable_mask(pattern, updates)
+    zero_frozen = lambda tree: jax.tree_util.tree_map(
+        lambda u, keep: u if keep else jnp.zeros_like(u), tree, mask)
+    updates, state = tx.update(zero_frozen(updates), state, params)
+    return zero_frozen(updates), state
+
+  return optax.GradientTransformation(init, update)
 
 
 # ----------------------------------------------------------------------------- model pieces

@@ -271,6 +271,49 @@ def test_sgd_moves_each_weight_in_proportion_to_its_gradient_where_adamw_takes_a
     ts.make_optimizer(c.optim, 10)
 
 
+def test_trainable_pattern_updates_only_matching_params_and_clips_over_them(base_state_and_batch):
+  """optim.trainable: matching leaves move exactly as an optimizer over them alone would (so
+  clipping and weight decay ignore the frozen ones); the rest get a zero update."""
+  host_state, _ = base_state_and_batch
+  params = host_state["params"]
+  grads = jax.tree_util.tree_map(lambda p: jnp.full(p.shape, 3.0, jnp.float32), params)
+  c = tu.small_config(**{"optim.trainable": r"norm$", "optim.lr": 0.1, "optim.grad_clip": 1.0})
+  tx = ts.make_optimizer(c.optim, 10)
+  opt_state = tx.init(params)
+  updates, _ = tx.update(grads, opt_state, params)
+  labels = jax.tree_util.tree_map(lambda m: "train" if m else "frozen",
+                                  ts.trainable_mask(r"norm$", params))
+  moved = frozen = 0
+  for (path, u), label in zip(jax.tree_util.tree_leaves_with_path(updates),
+                              jax.tree_util.tree_leaves(labels)):
+    name = ts.param_path(path)
+    assert (label == "train") == name.endswith("norm"), name
+    if label == "train":
+      moved += 1
+      assert np.all(np.asarray(u) != 0), name
+    else:
+      frozen += 1
+      assert np.all(np.asarray(u) == 0), name
+  assert moved and frozen
+  # Same update as the plain optimizer on the trainable leaves alone.
+  only = {k: v for k, v in enumerate(
+      l for l, lab in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(labels))
+      if lab == "train")}
+  c_all = tu.small_config(**{"optim.lr": 0.1, "optim.grad_clip": 1.0})
+  plain = ts.make_optimizer(c_all.optim, 10)
+  g_only = jax.tree_util.tree_map(lambda p: jnp.full(p.shape, 3.0, jnp.float32), only)
+  ref, _ = plain.update(g_only, plain.init(only), only)
+  got = [u for u, lab in zip(jax.tree_util.tree_leaves(updates), jax.tree_util.tree_leaves(labels))
+         if lab == "train"]
+  for a, b in zip(got, jax.tree_util.tree_leaves(ref)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+  for bad, match in (("no_such_param", "matches no parameter"),
+                     ("final_norm(", "not a regular expression")):
+    c = tu.small_config(**{"optim.trainable": bad})
+    with pytest.raises(ValueError, match=match):
+      ts.make_optimizer(c.optim, 10).init(params)
+
+
 def test_context_parallel_step_matches_single_device(base_state_and_batch):
   """Each row's tokens split over `fsdp` (sharding.context_parallel_rules), with the recipe's
   long-context settings (full remat, query-chunked attention, chunked logits): the same loss,
