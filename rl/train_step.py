@@ -105,7 +105,7 @@ def make_optimizer(optim: ml_collections.ConfigDict, total_steps: int) -> optax.
 
 def param_path(path) -> str:
   """'blocks/3/mixer/q_norm' for a key path of the parameter tree."""
-  return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+  return jax.tree_util.keystr(path, simple=True, separator="/")
 
 
 def trainable_mask(pattern: str, tree) -> Any:
