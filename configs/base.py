@@ -274,7 +274,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.capacity.cache_bytes = 0  # bytes per KV / conv element; 0 = from cache_dtype / model.dtype
   c.rollout.capacity.reserve_gib = 0.0  # per-engine workspace held back (activations, compiler scratch)
 
-  # SFT warm start (rl/loop.py, --mode=sft): the oracle's trajectories, loss on assistant tokens.
+  # SFT warm start (rl/sft.py, --mode=sft): the oracle's trajectories, loss on assistant tokens.
   c.sft = ml_collections.ConfigDict()
   c.sft.steps = 0                    # optimizer steps of the warm start; 0 = no SFT before RL
   c.sft.batch_size = 8               # trajectories per SFT step
@@ -289,14 +289,14 @@ def get_config() -> ml_collections.ConfigDict:
   c.sft.pad_multiple = 512           # a batch is cut to its longest row rounded up to this (few compiled shapes); 0 = longest of the data
   c.sft.eval_every = 0               # steps between held-out figures (teacher-forced, eval-split oracle trajectories); 0 = never
   c.sft.eval_tasks = 48              # eval-split tasks of those figures (spread over the split)
-  c.sft.copy_drill_rows = 0          # + synthetic copy rows per step (rl.loop.copy_drill_batch); 0 = none
+  c.sft.copy_drill_rows = 0          # + synthetic copy rows per step (rl.sft.copy_drill_batch); 0 = none
   c.sft.copy_drill_len = 32          # tokens copied per drill row
   c.sft.copy_drill_row_len = 256     # drill row length; segment and copy at random places in it (<= 2x len: fixed offset)
   c.sft.copy_drill_weight = 1.0      # weight of the drill loss in the SFT loss
   c.sft.copy_drill_only_steps = 0    # the first N of sft.steps train on the drill rows alone (cheap steps; no trajectories)
   c.sft.save_every = 0               # steps between SFT saves (orbax, and export_hf when set); 0 = at the end only
 
-  # The RL loop (rl/loop.py, --mode=rl): rollouts -> train step -> weight sync -> eval.
+  # The RL loop (rl/learner.py, --mode=rl): rollouts -> train step -> weight sync -> eval.
   c.loop = ml_collections.ConfigDict()
   c.loop.levels = (1, 2, 3)          # task levels sampled for training (train split)
   c.loop.families = ()               # task families sampled for training; () = all (eval: always all)

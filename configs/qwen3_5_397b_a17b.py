@@ -22,7 +22,7 @@ def get_config(arg=None):
   c = report_recipe.apply(base.get_config(), "qwen3_5_397b_a17b")
   c.mesh.shape = (1, 8, 8, 1)        # data, fsdp, expert, tensor = 64 devices
   # The float32 masters and Adam moments take 108 of the 141 GiB: a micro-batch holds 2 rows,
-  # each split over the 64 devices, 119 GiB a device (--mode=plan; 130 with twice the
+  # each split over the 64 devices, 119 GiB a device (--mode=plan, docs/results.md; 130 with twice the
   # activations; with rows split over `fsdp` alone no micro-batching fits).
   c.train.micro_batches = 128
   c.plan.num_devices = 64

@@ -39,7 +39,7 @@ def apply(c, preset: str):
   # parallelism: each holds its share of the row's activations, attention gathers keys and
   # values), rows spread over `data`; the configs pick micro-batches with room for twice the
   # plan's activations (on host devices the split saved half what the plan's model says:
-  # README, "Context parallelism is a sharding rule").
+  # docs/model.md, "Context parallelism is a sharding rule").
   c.train.seq_len = 163_840
   c.train.max_context = 160_000
   # A step whose longest trajectory is shorter pads its rows to the first of these that holds

@@ -7,8 +7,8 @@ train split, in 9 eval worlds none of which training sees) before and after RL. 
 named source, one tool call, one answer.
 
 The base checkpoint plays the part the Qwen3.5 release plays for the full-size configs: the
-weights the post-training starts from. It is built in two stages (README, "The tiny base
-checkpoint", has the exact commands and figures):
+weights the post-training starts from. It is built in two stages
+(docs/experiments/tiny_base.md has the exact commands and figures):
 
   python launch.py --config=configs/tiny_cpu.py:copy --mode=sft   # content-copy drill, 1600 steps
   python launch.py --config=configs/tiny_cpu.py:base --mode=sft   # agent SFT on top, 150 steps
@@ -50,28 +50,28 @@ def get_config(arg=None):
   c.harness.model_timeout_s = 300.0
   c.harness.episode_timeout_s = 900.0
   c.model.attention_query_chunk = 0
-  # Queries in blocks of 512, each scored only against the keys up to its end: the whole
-  # model's forward+backward on 8 x 2560 tokens 0.75x, its forward 0.71x, same loss to the bit
-  # (python benchmarks/attention_blocks.py; 256 gains more on 1280-token prefills, 0.81x
-  # against 0.90x, but compiles ~25% longer). make run's command, back to back with empty
-  # compilation caches: 313 s with one block, 286 s with these (RL 124 -> 103 s), same figures.
+  # Queries in blocks of 512, each scored only against the keys up to its end: on 2560-token
+  # rows this skips most of the masked half of the score work, with the same loss to the bit,
+  # and makes make run faster; 256 gains a little more on short prefills but compiles longer
+  # (python benchmarks/attention_blocks.py; figures in docs/results.md, "Figures behind the
+  # tiny default's settings").
   c.model.attention_causal_block = 512
   # Copying a path from the prompt or a figure from a tool's output is the skill level-1 tasks
   # test. On the fixed-offset copy drill (benchmarks/copy_drill.py --row_len=64) the untied,
-  # quarter-rotary model sits on the uniform-loss plateau for 600 steps; tying the LM head to
-  # the embedding and rotating the whole head leaves it within ~100 steps. Both are Hugging
-  # Face config fields. (That drill is solved by relative position; copying by content takes
-  # the content-copy rows and ~1400 steps: the `copy` variant, README.)
+  # quarter-rotary model stays on the uniform-loss plateau far longer than one with the LM head
+  # tied to the embedding and the whole head rotated (docs/results.md). Both are Hugging Face
+  # config fields. (That drill is solved by relative position; copying by content takes the
+  # content-copy rows: the `copy` variant, docs/experiments/tiny_base.md.)
   c.model.tie_word_embeddings = True
   c.model.partial_rotary_factor = 1.0
   # Level-1 trajectories are 0.8-2.3k tokens with the compact seven-tool system turn.
   c.train.max_context = 2560
   c.train.seq_len = 2560
   c.rollout.max_len = 2560
-  # A prompt pads to the smallest bucket that holds it. First turns are ~0.8k tokens; later
-  # turns 0.9-2.3k, 70% of them under 1280. With (1024, 2304) those padded to 2304 (547 pad
-  # tokens a prefill on average); these five cost 8 s more warmup and cut the held-out eval
-  # from 126 s to 95 s, same pass@1 (python benchmarks/eval_speed.py).
+  # A prompt pads to the smallest bucket that holds it. First turns are ~0.8k tokens, later
+  # turns up to 2.3k and mostly short: with two buckets most prefills paid for hundreds of pad
+  # tokens; these five cost a few seconds more warmup and shorten the held-out eval, same pass@1
+  # (python benchmarks/eval_speed.py; docs/results.md).
   c.rollout.prefill_buckets = (1024, 1280, 1536, 2048, 2304)
   # Every prompt opens with the same ~700-token system turn, which the engine prefills once per
   # weights version (rollout.prefix_cache); the rest of a prompt pads to one of these: first
@@ -86,15 +86,15 @@ def get_config(arg=None):
   c.loop.levels = (1,)
   c.loop.eval_levels = (1,)
   # Level-1 tasks only, in both splits: the held-out eval is then all 480 tasks of the eval split
-  # (its 9 worlds), not the 168 level-1 ones of a mixed split, so its 95% intervals are ~0.037
-  # wide on each side instead of ~0.05, for ~70 s an eval instead of ~40 s.
+  # (its 9 worlds), not the 168 level-1 ones of a mixed split, so its 95% intervals are
+  # narrower, for a longer eval (docs/results.md).
   c.envs.level_weights = (1.0, 0.0, 0.0)
   c.sft.levels = (1,)
-  # `make run` has 15 minutes on a 2-core CPU, a clean install included: 1.5-3 min of pip,
-  # imports, worlds and warmup, SFT ~0.5-1 min, each held-out eval of the 480 tasks ~1.2-2 min
-  # (README has the clean-clone figures, which vary by day up to 2x). So the SFT is a short pass
-  # (the base has seen this task mix) and RL gets 12 steps of 8 prompts x 4 samples (~15-20 s
-  # each).
+  # `make run` has 15 minutes on a 2-core CPU, a clean install included, and the install, the
+  # worlds and the two held-out evals take most of it (docs/results.md has the phases;
+  # docs/experiments/test_timings.md the clean-clone log, which varies by day up to 2x). So the
+  # SFT is a short pass (the base has seen this task mix) and RL gets 12 steps of 8 prompts x 4
+  # samples.
   c.train.init_from = BASE_CHECKPOINT
   c.sft.max_tasks = 32
   c.sft.steps = 4
@@ -103,17 +103,16 @@ def get_config(arg=None):
   c.sft.warmup_steps = 1
   c.sft.pad_multiple = 0
   # GRPO: the recipe (prompt_mean, DPPO binary-TV, no KL, temperature 1.0 for rollouts and the
-  # held-out eval alike), updating only the output norm's 64 scales. A step here has 2-5
-  # informative groups; over all 0.36M weights their gradient is mostly noise (README: 20 steps
-  # at lr 2e-4 moved held-out pass@1 by -0.017, and the gradient noise scale puts a step that is
-  # more signal than noise at ~180+ groups). The output norm scales each feature of the state
-  # the logits are read from, i.e. how sharply the policy commits to its likeliest tokens per
-  # feature, the direction in which a policy that sometimes succeeds improves first and on every
-  # task alike; at 1.0 the start is well below its own greedy decoding (0.119 against 0.250).
-  # Measured from make run's SFT start (README, "Status of the tiny default"), 12 steps at
-  # lr 0.2: held-out pass@1 +0.081, +0.073, +0.038 for seeds 0, 1, 2, each outside both
-  # intervals (at 0.1: +0.090, +0.040, +0.031, the last not); every norm of the network at
-  # 0.05 fell to 0.031 in 6 steps.
+  # held-out eval alike), updating only the output norm's 64 scales. A step here has a handful
+  # of informative groups; over all 0.36M weights their gradient is mostly noise (full-network
+  # steps lowered held-out pass@1, and the gradient noise scale puts a step that is more signal
+  # than noise at ~180+ groups: docs/experiments/grad_noise.md). The output norm scales each
+  # feature of the state the logits are read from, i.e. how sharply the policy commits to its
+  # likeliest tokens per feature, the direction in which a policy that sometimes succeeds
+  # improves first and on every task alike; at 1.0 the start is well below its own greedy
+  # decoding. With these settings held-out pass@1 rises outside both intervals for seeds 0, 1
+  # and 2 (docs/results.md, "Why the tiny default trains only the output norm, at 1.0", has the
+  # runs, the learning rates tried and the commands).
   c.rl.temperature = 1.0
   c.optim.trainable = "final_norm"
   c.optim.lr = 0.2
@@ -149,7 +148,7 @@ def _base_variant(c):
   # Dense content-copy rows next to the agent data keep the copy circuit of the first stage
   # (16-token segments at random places in 256-token rows of random tokens). Rows with the
   # copy at a fixed offset (copy_drill_row_len = 2 x copy_drill_len) are solved by relative
-  # position and teach nothing that carries over to a prompt (README).
+  # position and teach nothing that carries over to a prompt (docs/experiments/tiny_base.md).
   c.sft.copy_drill_rows = 32
   c.sft.copy_drill_len = 16
   c.sft.copy_drill_row_len = 256
@@ -163,9 +162,9 @@ def _copy_variant(c):
   """First stage of assets/tiny_base: content-copy drill from a random init, rows only (segment
   and copy at random places in 128-token rows of random tokens), exported to COPY_CHECKPOINT.
 
-  The copy loss sits at the uniform 6.9 for ~1300 steps, then falls (6.04 at 1300, 1.94 at
-  1500, 0.67 at 1600: the induction-head phase change); at 1600 the copy accuracy is 0.80 on
-  256-token and 0.49 on 1024-token rows (README).
+  The copy loss sits at the uniform value for most of the run, then falls within a few hundred
+  steps (the induction-head phase change); the curve and the copy accuracy at the end are in
+  docs/experiments/tiny_base.md.
   """
   c.name = "tiny_copy"
   c.train.init_from = ""

@@ -3,13 +3,12 @@ its rollouts a GRPO step (64 prompts x 8 samples).
 
   python launch.py --config=configs/tiny_gpu.py --mode=rl
 
-Run on one H200 (16 CPU cores) with these settings (held-out evals every 3 steps then): SFT
-43 s, each held-out eval of the 168 tasks 51 s, GRPO steps 31-54 s for 512 episodes (README,
-"On one GPU"). The agent workers and
-the worlds run on the host's CPUs: 32 workers keep 64 decode slots busy on 16 cores. At ~20
-informative groups a step this is still far below the ~180 a step needs before its gradient
-is more signal than noise (benchmarks/grad_noise.py), so expect no clear held-out gain within
-a few steps; raise prompts_per_step as far as the host's cores allow.
+Run on one H200 (16 CPU cores) with these settings; its phases and figures are in
+docs/experiments/gpu_run.md (summary in docs/results.md). The agent workers and the worlds run
+on the host's CPUs: 32 workers keep 64 decode slots busy on 16 cores. A step's informative
+groups are still far fewer than a step needs before its gradient is more signal than noise
+(benchmarks/grad_noise.py; docs/experiments/grad_noise.md), so expect no clear held-out gain
+within a few steps; raise prompts_per_step as far as the host's cores allow.
 """
 from configs import tiny_cpu
 
@@ -25,9 +24,9 @@ def get_config(arg=None):
   c.train.steps = 20
   c.harness.num_workers = 32
   c.rollout.slots = 64
-  # A step averages ~20 informative groups instead of make run's 1-5, so it trains every
-  # weight (make run trains only the output norm) at a full-network rate; sampled at 0.6, the
-  # settings the figures above were measured with.
+  # A step has many more informative groups than make run's, so it trains every weight (make
+  # run trains only the output norm) at a full-network rate; sampled at 0.6, the settings the
+  # one-GPU run was measured with (docs/experiments/gpu_run.md).
   c.optim.trainable = ""
   c.optim.lr = 3e-4
   c.rl.temperature = 0.6

@@ -5,7 +5,9 @@
 
 `get_sweep()` returns one dict of config overrides per job (dotted keys, as on the command
 line); `name` is appended to the run name. Every arm starts from the same seed and SFT
-checkpoint directory layout, so the arms differ only in these keys.
+checkpoint directory layout, so the arms differ only in these keys (add
+--config.sft.dir=$PWD/runs/tiny_cpu/sft to share make run's SFT params). Results and the
+command that produced them: docs/results.md, "Loss-reduction sweep".
 """
 import itertools
 

@@ -6,6 +6,7 @@ works (loop.max_staleness, rl/rollout_prefetch.py), k = 0 (synchronous), 1 and 2
 The table compares held-out pass@1 after RL; each job's metrics.jsonl has the steps' wall time
 (time/step_s), how long the trainer waited for rollouts (time/rollout_wait_s) and each batch's
 staleness (rollout/staleness). benchmarks/staleness.py times the two ends side by side.
+Results: docs/results.md, "Staleness sweep".
 """
 
 
