@@ -9,6 +9,8 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+from models import presets
+
 LINEAR = "linear_attention"
 FULL = "full_attention"
 
@@ -121,7 +123,6 @@ def from_config_dict(m: Mapping[str, Any]) -> ModelConfig:
   m = dict(m)
   preset = m.pop("preset", "")
   if preset:
-    from models import presets  # pylint: disable=g-import-not-at-top
     m = presets.apply_preset(preset, m)
   interval = m.pop("full_attention_interval")
   layer_types = tuple(m.pop("layer_types") or ())

@@ -11,6 +11,9 @@ whose model no single host could hold).
 
 Every tensor is checked: a missing, unexpected or misshapen one raises `CheckpointError`
 naming the key.
+
+`load` and `load_sharded` take the model's `init_params` (models/qwen3_5.py passes its own from
+`load_hf`) for the tree and shapes they fill: the model imports this module, not the reverse.
 """
 import json
 import os
@@ -291,11 +294,11 @@ def read_config(path: str, dtype=jnp.float32, **overrides) -> ModelConfig:
   return config_lib.from_hf_dict(hf_config, dtype=jnp.dtype(dtype).name, **overrides)
 
 
-def _open(path: str, dtype, overrides) -> tuple[ModelConfig, dict, object]:
-  """(config, plan, abstract params) of the checkpoint at `path`."""
+def _open(path: str, init_params, dtype, overrides) -> tuple[ModelConfig, dict, object]:
+  """(config, plan, abstract params) of the checkpoint at `path`; the params' tree and shapes
+  are those `init_params(cfg, key)` builds."""
   cfg = read_config(path, dtype, **overrides)
-  from models import qwen3_5  # pylint: disable=g-import-not-at-top
-  abstract = jax.eval_shape(lambda k: qwen3_5.init_params(cfg, k), jax.random.key(0))
+  abstract = jax.eval_shape(lambda k: init_params(cfg, k), jax.random.key(0))
   return cfg, _plan(cfg, _TensorSource(path), _expected_shapes(abstract)), abstract
 
 
@@ -303,9 +306,10 @@ def _names(path) -> tuple:
   return tuple(getattr(p, "key", getattr(p, "idx", None)) for p in path)
 
 
-def load(path: str, dtype=jnp.float32, **overrides):
-  """Reads `path` -> (ModelConfig, params in `dtype`), each param whole on the default device."""
-  cfg, plan, abstract = _open(path, dtype, overrides)
+def load(path: str, init_params, dtype=jnp.float32, **overrides):
+  """Reads `path` -> (ModelConfig, params in `dtype`), each param whole on the default device.
+  `init_params(cfg, key)`: the model's init (qwen3_5.init_params), which fixes the tree."""
+  cfg, plan, abstract = _open(path, init_params, dtype, overrides)
 
   def one(p, _):
     leaf = plan[_names(p)]
@@ -313,15 +317,15 @@ def load(path: str, dtype=jnp.float32, **overrides):
   return cfg, jax.tree_util.tree_map_with_path(one, abstract)
 
 
-def load_sharded(path: str, shardings, dtype=jnp.float32, **overrides):
+def load_sharded(path: str, shardings, init_params, dtype=jnp.float32, **overrides):
   """Reads `path` -> (ModelConfig, params laid out by `shardings`).
 
   `shardings`: a jax.sharding.Sharding per param, in the structure of `init_params` (e.g.
   TrainStep.state_shardings["params"]). Each process reads only the blocks its own devices
   hold, one block at a time, so host memory stays at about one shard of one tensor instead of
-  the whole model (which, for the full-size configs, no host has).
+  the whole model (which, for the full-size configs, no host has). `init_params` as in `load`.
   """
-  cfg, plan, abstract = _open(path, dtype, overrides)
+  cfg, plan, abstract = _open(path, init_params, dtype, overrides)
 
   def one(p, sds, sharding):
     leaf = plan[_names(p)]

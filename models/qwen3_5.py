@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from models import config as config_lib
+from models import hf_io
 from models.config import FULL, LINEAR, ModelConfig
 from models.layers import attention
 from models.layers import common
@@ -374,15 +375,13 @@ def load_hf(path, dtype=jnp.float32, shardings=None, **overrides):
 
   `shardings` (a Sharding per param): each device reads only its own shard (hf_io.load_sharded).
   """
-  from models import hf_io  # pylint: disable=g-import-not-at-top
   if shardings is not None:
-    return hf_io.load_sharded(path, shardings, dtype=dtype, **overrides)
-  return hf_io.load(path, dtype=dtype, **overrides)
+    return hf_io.load_sharded(path, shardings, init_params, dtype=dtype, **overrides)
+  return hf_io.load(path, init_params, dtype=dtype, **overrides)
 
 
 def save_hf(cfg: ModelConfig, params, path, **kw):
   """Writes params in the hub layout (config under text_config, keys under model.language_model.)."""
-  from models import hf_io  # pylint: disable=g-import-not-at-top
   return hf_io.save(cfg, params, path, **kw)
 
 

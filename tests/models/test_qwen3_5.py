@@ -9,8 +9,10 @@ import pytest
 from safetensors.flax import load_file, save_file
 
 from configs import base
+from models import config as config_lib
 from models import hf_io
 from models import qwen3_5
+from models import sharding
 from models.layers import attention
 
 
@@ -264,7 +266,6 @@ def _save_text_only_fused(cfg, params, flat_dir):
         [tensors.pop(f"{base_key}{i}.down_proj.weight") for i in range(e)])
   tensors["mtp.layers.0.fc.weight"] = np.zeros((2, 2), np.float32)  # ignored
   save_file({k: jnp.asarray(v) for k, v in tensors.items()}, str(flat_dir / "model.safetensors"))
-  from models import config as config_lib
   with open(flat_dir / "config.json", "w") as f:
     json.dump(config_lib.to_hf_text_dict(cfg), f)
   return flat_dir
@@ -357,14 +358,13 @@ def test_chunked_token_logprobs_match_full_logits(model):
 
 
 def _param_shardings(cfg, mesh_shape):
-  from models import sharding as shd
   c = base.get_config()
   with c.mesh.unlocked():
     c.mesh.shape = mesh_shape
-  mesh = shd.make_mesh(c.mesh)
+  mesh = sharding.make_mesh(c.mesh)
   shapes = jax.eval_shape(lambda k: qwen3_5.init_params(cfg, k), jax.random.key(0))
-  return shd.tree_shardings(qwen3_5.param_axes(cfg), shapes, mesh,
-                            shd.rules_from_config(c.mesh.rules))
+  return sharding.tree_shardings(qwen3_5.param_axes(cfg), shapes, mesh,
+                                 sharding.rules_from_config(c.mesh.rules))
 
 
 @pytest.mark.parametrize("layout", ["hub", "text_only_fused"])
