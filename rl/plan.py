@@ -18,7 +18,9 @@ axes' devices and attention adds the row's gathered keys and values; on host dev
 measured split saved about half what this model says (README, "Context parallelism is a
 sharding rule").
 
-Below the train step it prints the rollout engine's side (rl/rollout/capacity.py).
+Below the train step it prints the rollout engine's side (rl/rollout/capacity.py), for a serve
+job and for an engine in the trainer's process, which leaves the train step what this plan says
+it holds (`sharing_the_trainers_devices`).
 """
 from __future__ import annotations
 
@@ -30,14 +32,15 @@ import jax.numpy as jnp
 from jax.sharding import AbstractMesh, AxisType
 
 from models import qwen3_5
-from models import sharding as shd
-from rl import train_step as ts
+from models import sharding
+from rl import train_step
+from rl.rollout import capacity
 
 GiB = 1024 ** 3
 
 
 def _abstract_mesh(config, num_devices: int) -> AbstractMesh:
-  shape = shd.resolve_mesh_shape(config.mesh.axes, config.mesh.shape, num_devices)
+  shape = sharding.resolve_mesh_shape(config.mesh.axes, config.mesh.shape, num_devices)
   return AbstractMesh(shape, tuple(config.mesh.axes), axis_types=(AxisType.Auto,) * len(shape))
 
 
@@ -49,7 +52,7 @@ def _per_device_bytes(shapes, axes_tree, mesh, rules, dtype_override=None) -> in
           isinstance(e, str) or e is None for e in x)), is_leaf=lambda x: isinstance(x, tuple)
       and len(x) == 2 and isinstance(x[1], jax.ShapeDtypeStruct))
   for axes, sds in leaves:
-    spec = shd.logical_to_spec(axes, rules, mesh, sds.shape)
+    spec = sharding.logical_to_spec(axes, rules, mesh, sds.shape)
     n = 1
     for dim, target in zip(sds.shape, tuple(spec) + (None,) * (len(sds.shape) - len(spec))):
       ways = 1 if target is None else math.prod(
@@ -64,10 +67,10 @@ def memory_plan(config, num_devices: int, seq_lens=None) -> dict:
   """Per-device byte counts for the configured model, optimizer, batch and mesh."""
   mc = qwen3_5.config_from_dict(config.model)
   mesh = _abstract_mesh(config, num_devices)
-  rules = shd.rules_from_config(config.mesh.rules)
+  rules = sharding.rules_from_config(config.mesh.rules)
   axes = qwen3_5.param_axes(mc)
   p_shapes = jax.eval_shape(functools.partial(qwen3_5.init_params, mc), jax.random.key(0))
-  tx = ts.make_optimizer(config.optim, config.train.steps)
+  tx = train_step.make_optimizer(config.optim, config.train.steps)
   o_shapes = jax.eval_shape(tx.init, p_shapes)
   n_param_like = sum(1 for _ in jax.tree.leaves(o_shapes) if _.ndim > 0)
   n_params = len(jax.tree.leaves(p_shapes))
@@ -85,8 +88,8 @@ def memory_plan(config, num_devices: int, seq_lens=None) -> dict:
   opt = mu_bytes + nu_bytes
 
   counts = qwen3_5.count_params(mc)
-  batch_ways = math.prod(mesh.shape[a] for a in shd.rule_axes(rules, "batch"))
-  length_ways = math.prod(mesh.shape[a] for a in shd.rule_axes(rules, "activation_length"))
+  batch_ways = math.prod(mesh.shape[a] for a in sharding.rule_axes(rules, "batch"))
+  length_ways = math.prod(mesh.shape[a] for a in sharding.rule_axes(rules, "activation_length"))
   tensor_ways = mesh.shape.get("tensor", 1)
   rows = config.train.prompts_per_step * config.train.samples_per_prompt
   rows_mb = rows // config.train.mini_batches // config.train.micro_batches
@@ -188,6 +191,28 @@ def format_plan(config, plan: dict) -> str:
   return "\n".join(lines)
 
 
+def train_step_bytes_per_device(config, num_devices: int = 0) -> int:
+  """What the train step holds on each of its devices at its peak (`memory_plan`, from shapes:
+  params, gradients, optimizer state, activations of a train.seq_len micro-batch)."""
+  p = memory_plan(config, num_devices or jax.device_count(), [config.train.seq_len])
+  return p["params"] + p["grads"] + p["opt"] + p["activations"][0][1]["total"]
+
+
+def sharing_the_trainers_devices(config, num_devices: int = 0):
+  """`config` for an engine in the trainer's process, which serves from the train step's own
+  devices: rollout.capacity.reserve_gib grows by what the train step holds on the engine's
+  devices, so the planner's slots and kept turns leave it that memory (a serve job has its
+  devices to itself). Returned as is when rollout.slots is set (nothing is planned)."""
+  if config.rollout.slots:
+    return config
+  held = (capacity.engine_devices(config, num_devices)
+          * train_step_bytes_per_device(config, num_devices))
+  c = config.copy_and_resolve_references()
+  with c.unlocked():
+    c.rollout.capacity.reserve_gib = float(c.rollout.capacity.reserve_gib) + held / GiB
+  return c
+
+
 def _size(b: float) -> str:
   return f"{b / GiB:.2f} GiB" if b >= GiB / 4 else f"{b / 2**20:.2f} MiB"
 
@@ -196,7 +221,6 @@ def format_rollout_plan(config, num_devices: int) -> str:
   """The rollout engine's side (rl/rollout/capacity.py): its mesh, served weights, decode state
   per sequence at rollout.max_len, and its slots and kept turns. An engine in the trainer's
   process shares these devices with the train step; a serve job has them to itself."""
-  from rl.rollout import capacity  # pylint: disable=g-import-not-at-top
   shape = capacity.engine_mesh_shape(config, num_devices)
   p = capacity.plan_from_config(config, num_devices)
   r = config.rollout
@@ -207,7 +231,7 @@ def format_rollout_plan(config, num_devices: int) -> str:
            f"decode state {_size(p.bytes_per_seq)} a sequence (KV {_size(p.kv_bytes_per_seq)}, "
            f"Gated DeltaNet {_size(p.gdn_bytes_per_seq)}); engine memory "
            f"{_size(p.engine_memory_bytes)} (rollout.capacity.memory_fraction {r.capacity.memory_fraction})"]
-  shared = capacity.sharing_the_trainers_devices(config, num_devices)
+  shared = sharing_the_trainers_devices(config, num_devices)
   for where, c in (("as a serve job", config), ("in the trainer's process", shared)):
     held = c.rollout.capacity.reserve_gib - r.capacity.reserve_gib
     fit = capacity.plan_from_config(c, num_devices).per_engine

@@ -18,6 +18,11 @@ every slot at max_len (no paging), so this is exactly its `max_concurrent_decode
 import dataclasses
 import math
 
+import jax
+
+from configs import base
+from models import qwen3_5
+from models import sharding
 from models.config import FULL
 
 GIB = 1 << 30
@@ -60,7 +65,6 @@ def plan(cfg, *, context_len: int, device_memory_gib: float, devices_per_engine:
          weight_bytes: int = 0, cache_bytes: int = 0, reserve_gib: float = 0.0,
          num_params: int = 0) -> Plan:
   """Per-engine and total concurrent sequences. 0 bytes = the model's dtypes."""
-  from models import qwen3_5  # pylint: disable=g-import-not-at-top
   weight_bytes = weight_bytes or _DTYPE_BYTES[cfg.param_dtype]
   cache_bytes = cache_bytes or _DTYPE_BYTES[cfg.dtype]
   num_params = num_params or qwen3_5.count_params(cfg)["total"]
@@ -76,7 +80,6 @@ def engine_mesh_shape(config, num_devices: int) -> tuple:
   """The engine's mesh shape (rl/rollout/engine.engine_mesh): `rollout.mesh_shape`, or () =
   `mesh.shape`, its -1 taking what `num_devices` leaves (`models.sharding.MeshError` when they
   do not divide)."""
-  from models import sharding  # pylint: disable=g-import-not-at-top
   shape = tuple(int(n) for n in (tuple(config.rollout.mesh_shape) or tuple(config.mesh.shape)))
   if -1 not in shape:
     return shape
@@ -87,21 +90,21 @@ def plan_from_config(config, num_devices: int = 0) -> Plan:
   """The plan of the `rollout.capacity` section for `config.model`; devices_per_engine 0 = the
   engine mesh's device count on `num_devices` devices (0 = this machine's), device_memory_gib
   0 = the plan section's."""
-  from models import qwen3_5  # pylint: disable=g-import-not-at-top
   c = config.rollout.capacity
   cfg = qwen3_5.config_from_dict(config.model)
   cache_dtype = config.rollout.cache_dtype or cfg.dtype
   weights_dtype = config.rollout.weights_dtype or cfg.param_dtype
   return plan(cfg, context_len=c.context_len or config.rollout.max_len,
               device_memory_gib=c.device_memory_gib or config.plan.device_memory_gib,
-              devices_per_engine=c.devices_per_engine or _engine_devices(config, num_devices),
+              devices_per_engine=c.devices_per_engine or engine_devices(config, num_devices),
               memory_fraction=c.memory_fraction, num_engines=c.num_engines,
               tensor_parallel=c.tensor_parallel,
               weight_bytes=c.weight_bytes or _DTYPE_BYTES[weights_dtype],
               cache_bytes=c.cache_bytes or _DTYPE_BYTES[cache_dtype], reserve_gib=c.reserve_gib)
 
-def _engine_devices(config, num_devices: int = 0) -> int:
-  import jax  # pylint: disable=g-import-not-at-top
+
+def engine_devices(config, num_devices: int = 0) -> int:
+  """Devices of the engine's mesh on `num_devices` devices (0 = this machine's)."""
   return math.prod(engine_mesh_shape(config, num_devices or jax.device_count()))
 
 
@@ -134,8 +137,6 @@ REPORT_LAYOUTS = (
 
 def report_table(context_len: int = 160_000, tp_options=(1, 8)) -> str:
   """The planner's counts for the report's layouts, beside the report's concurrency."""
-  from configs import base  # pylint: disable=g-import-not-at-top
-  from models import qwen3_5  # pylint: disable=g-import-not-at-top
   lines = [f"context {context_len:,} tokens, bf16 weights and KV/conv, GDN recurrent state f32",
            f"{'model':10} {'layout':24} {'TP':>3} {'weights':>9} {'KV/seq':>9} {'GDN/seq':>8} "
            f"{'free/eng':>9} {'per eng':>8} {'total':>6} {'report':>7} {'avg ctx @report':>15}"]
@@ -171,29 +172,6 @@ def check_context(config) -> None:
         f"rollout.max_len={max_len} < train.max_context={context}: episodes may grow to "
         f"train.max_context tokens but a rollout slot holds rollout.max_len; raise "
         f"rollout.max_len (or lower train.max_context)")
-
-
-def train_step_bytes_per_device(config, num_devices: int = 0) -> int:
-  """What the train step holds on each of its devices at its peak (rl/plan.py, from shapes:
-  params, gradients, optimizer state, activations of a train.seq_len micro-batch)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from rl import plan as train_plan  # pylint: disable=g-import-not-at-top
-  p = train_plan.memory_plan(config, num_devices or jax.device_count(), [config.train.seq_len])
-  return p["params"] + p["grads"] + p["opt"] + p["activations"][0][1]["total"]
-
-
-def sharing_the_trainers_devices(config, num_devices: int = 0):
-  """`config` for an engine in the trainer's process, which serves from the train step's own
-  devices: rollout.capacity.reserve_gib grows by what the train step holds on the engine's
-  devices, so the planner's slots and kept turns leave it that memory (a serve job has its
-  devices to itself). Returned as is when rollout.slots is set (nothing is planned)."""
-  if config.rollout.slots:
-    return config
-  held = _engine_devices(config, num_devices) * train_step_bytes_per_device(config, num_devices)
-  c = config.copy_and_resolve_references()
-  with c.unlocked():
-    c.rollout.capacity.reserve_gib = float(c.rollout.capacity.reserve_gib) + held / GIB
-  return c
 
 
 def main():

@@ -8,6 +8,7 @@ from configs import qwen3_5_35b_a3b
 from configs import qwen3_5_397b_a17b
 from configs import tiny_cpu
 from models import qwen3_5
+from rl import plan as train_plan
 from rl.rollout import capacity
 
 
@@ -112,13 +113,12 @@ def test_device_memory_is_the_plan_sections_unless_told():
 
 
 def test_an_engine_in_the_trainers_process_leaves_the_train_step_its_memory():
-  from rl import plan as train_plan
   c = tiny_cpu.get_config()
   c.unlock()
-  assert capacity.sharing_the_trainers_devices(c) is c       # rollout.slots set: nothing planned
+  assert train_plan.sharing_the_trainers_devices(c) is c     # rollout.slots set: nothing planned
   c.rollout.slots = 0
   c.plan.device_memory_gib = 0.25
-  shared = capacity.sharing_the_trainers_devices(c, num_devices=8)
+  shared = train_plan.sharing_the_trainers_devices(c, num_devices=8)
   p = train_plan.memory_plan(c, 8, [c.train.seq_len])
   held = p["params"] + p["grads"] + p["opt"] + p["activations"][0][1]["total"]
   assert held > 0
