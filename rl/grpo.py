@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rl import advantages
 from rl import registry
 
 WeightFn = Callable[[jax.Array, jax.Array, Optional[int]], jax.Array]
@@ -166,7 +167,6 @@ def live_rows(rewards, group_ids, valid, loss_mask, filter_zero_variance: bool) 
   with a loss token, and (when zero-variance groups are filtered) not in a group whose valid
   rewards are all equal, by `advantages.zero_variance_mask`, the rule the train step applies.
   Used only to order rows, so it decides speed, never correctness."""
-  from rl import advantages
   valid = np.asarray(valid, bool)
   live = valid & (np.asarray(loss_mask).sum(axis=1) > 0)
   if filter_zero_variance:

@@ -1,7 +1,8 @@
-"""Rollout serving: the Qwen3.5 JetStream engine, its gRPC server and the token client.
+"""Rollout serving: the Qwen3.5 JetStream engine and its gRPC server.
 
-JetStream is imported only by `engine`, `orchestrator` and `serve`; `sampling`, `capacity`,
-`protocol` and `client` load without it, so harness processes and the trainer stay light.
+JetStream is imported only by `engine`, `orchestrator` and `serve`; `sampling` and `capacity`
+load without it, so the trainer stays light. The token client and its wire format, which the
+harness's agent processes use, live in envs/harness (jetstream_client.py, jetstream_protocol.py).
 JetStream is installed without seqio and TensorFlow (`seqio_standin`).
 """
 from rl.rollout import seqio_standin

@@ -39,9 +39,11 @@ Results are `SampledTokens`: JetStream's `ResultTokens` (token, valid, length co
 extended with the logprob of each token; stop ids and max_tokens are applied per request by
 the orchestrator (rl/rollout/orchestrator.py), which also returns the stop id itself.
 """
+import contextlib
 import dataclasses
 import functools
 import threading
+import types
 from typing import Any, Optional, Sequence
 
 from rl.rollout import compat  # noqa: F401  (must run before JetStream's orchestrator is used)
@@ -54,7 +56,10 @@ from jetstream.engine import engine_api
 from jetstream.engine import tokenizer_api
 from jetstream.engine import tokenizer_pb2
 
+from envs.chat import tokenizer as chat_tokenizer
 from models import qwen3_5
+from models import sharding
+from rl.rollout import capacity
 from rl.rollout import prefix_cache as prefix_lib
 from rl.rollout import sampling
 from rl.rollout import turn_cache as turn_lib
@@ -187,15 +192,12 @@ def engine_mesh(config):
   first devices it needs. Raises `models.sharding.MeshError` when the shape needs more devices
   than there are, or on several processes.
   """
-  import types  # pylint: disable=g-import-not-at-top
-  from models import sharding  # pylint: disable=g-import-not-at-top
   if jax.process_count() > 1:
     # Each host would run its own JetStream server over a mesh spanning every host's devices.
     raise sharding.MeshError(
         f"an in-process rollout engine on {jax.process_count()} processes is not supported: run "
         f"rollout servers as separate jobs (launch.py --mode=serve on each, rollout.servers and "
         f"rollout.weights_dir for the trainer)")
-  from rl.rollout import capacity  # pylint: disable=g-import-not-at-top
   try:
     shape = capacity.engine_mesh_shape(config, jax.device_count())
     # A shape without -1 may take the first of more devices (one for a small model).
@@ -279,7 +281,6 @@ class QwenEngine(engine_api.Engine):
         jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), given), weights_dtype)
     self._param_shardings = None
     if mesh is not None:
-      from models import sharding  # pylint: disable=g-import-not-at-top
       self._param_shardings = sharding.tree_shardings(qwen3_5.param_axes(cfg),
                                                       self._abstract_params, mesh, rules)
     # Placed exactly as `update_params` will place new weights, so a swap never recompiles.
@@ -319,7 +320,6 @@ class QwenEngine(engine_api.Engine):
   @classmethod
   def from_config(cls, config, params=None, **overrides) -> "QwenEngine":
     """Builds the engine from the `model`, `rollout`, `tokenizer`, `mesh` and `seed` sections."""
-    from rl.rollout import capacity  # pylint: disable=g-import-not-at-top
     r = config.rollout
     cfg = qwen3_5.config_from_dict(config.model)
     mesh, rules = engine_mesh(config)
@@ -338,9 +338,7 @@ class QwenEngine(engine_api.Engine):
 
   def _ctx(self):
     if self._mesh is None:
-      import contextlib  # pylint: disable=g-import-not-at-top
       return contextlib.nullcontext()
-    from models import sharding  # pylint: disable=g-import-not-at-top
     return sharding.use_mesh(self._mesh, self._rules)
 
   # `request` below: (seed_lo, seed_hi, temperature, top_k, top_p, stop [K], budget, version),
@@ -434,7 +432,6 @@ class QwenEngine(engine_api.Engine):
     dtypes) so that nothing recompiles; the arrays are placed on the engine's devices (a
     reshard when they come from a training mesh).
     """
-    from models import sharding  # pylint: disable=g-import-not-at-top
     if jax.tree.structure(params) != jax.tree.structure(self._abstract_params):
       raise ValueError("new params have a different tree structure than the engine's")
     bad = sharding.shape_dtype_mismatches(params, self._abstract_params, cast_floats=True)
@@ -448,7 +445,6 @@ class QwenEngine(engine_api.Engine):
   def params_target(self):
     """The engine's params as ShapeDtypeStructs with their shardings: a restore target that
     puts each shard of a saved tree straight on the device that serves it."""
-    from models import sharding  # pylint: disable=g-import-not-at-top
     return sharding.with_shardings(self._abstract_params, self._param_shardings)
 
   def _cast(self, params):
@@ -664,7 +660,6 @@ class QwenEngine(engine_api.Engine):
         "done": jnp.ones((b,), bool),   # an empty slot has nothing to advance
     }
     if self._mesh is not None:
-      from models import sharding  # pylint: disable=g-import-not-at-top
       shapes = jax.eval_shape(lambda: state["cache"])
       cache_sh = sharding.tree_shardings(qwen3_5.cache_axes(self.cfg), shapes, self._mesh, self._rules)
       rest = {k: sharding.batch_sharding(self._mesh, self._rules, x.ndim, b)
@@ -693,7 +688,6 @@ class QwenEngine(engine_api.Engine):
     del metadata
     if self._tokenizer_cfg is None:
       return _NullTokenizer(self.stop_ids)
-    from envs.chat import tokenizer as chat_tokenizer  # pylint: disable=g-import-not-at-top
     return TokenTokenizer(chat_tokenizer.from_config(self._tokenizer_cfg), self.stop_ids)
 
   @property

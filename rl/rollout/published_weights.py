@@ -33,9 +33,10 @@ from typing import Optional, Sequence
 
 import jax
 
+from envs.harness.jetstream_client import EngineError
+from envs.harness.jetstream_client import TokenClient
 from models.sharding import shape_dtype_mismatches
 from rl.checkpoint import Checkpointer
-from rl.rollout.client import EngineError, TokenClient
 
 log = logging.getLogger(__name__)
 

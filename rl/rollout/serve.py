@@ -8,14 +8,19 @@ Orchestrator gRPC service (token and text requests) until interrupted. With
 """
 from typing import Optional
 
+from rl.rollout import capacity
+from rl.rollout import published_weights
+
 
 def build_server(config, params=None, port: Optional[int] = None, warmup: Optional[bool] = None,
                  **engine_overrides):
   """An engine + JetStream Driver + gRPC server for `config`, started. Returns RolloutServer.
   `engine_overrides` go to QwenEngine.from_config (e.g. initial_version)."""
-  from rl.rollout import compat  # pylint: disable=g-import-not-at-top
-  from rl.rollout.engine import QwenEngine  # pylint: disable=g-import-not-at-top
-  from rl.rollout.orchestrator import RolloutServer  # pylint: disable=g-import-not-at-top
+  # JetStream loads only when a server is built: a trainer imports build_server but, with
+  # rollout.servers set, serves from separate jobs and never builds one.
+  from rl.rollout import compat  # lazy: JetStream, only when a server is built
+  from rl.rollout.engine import QwenEngine  # lazy: JetStream, only when a server is built
+  from rl.rollout.orchestrator import RolloutServer  # lazy: JetStream, only when a server is built
   compat.set_log_level(config.rollout.log_level)
   engine = QwenEngine.from_config(config, params=params, **engine_overrides)
   if config.rollout.warmup if warmup is None else warmup:
@@ -25,8 +30,6 @@ def build_server(config, params=None, port: Optional[int] = None, warmup: Option
 
 
 def main(config, flags=None):
-  from rl.rollout import capacity  # pylint: disable=g-import-not-at-top
-  from rl.rollout import published_weights  # pylint: disable=g-import-not-at-top
   port = getattr(flags, "port", None) if flags is not None else None
   capacity.check_context(config)
   p = capacity.plan_from_config(config)

@@ -7,7 +7,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from configs import base
+from configs import tiny_cpu
+from envs.harness.jetstream_client import TokenClient
 from models import qwen3_5
+from models import sharding
+from rl.rollout import serve
+from rl.rollout.engine import QwenEngine
 
 
 @functools.cache
@@ -31,9 +37,6 @@ def tiny_server(max_len: int, prefill_buckets=(192,), **rollout):
   """A JetStream server (2 slots) of the tiny model at a wide random init, so that greedy
   tokens are far from ties and comparable across numerical paths, with `rollout` settings.
   Yields (server, TokenClient, model cfg, params)."""
-  from configs import tiny_cpu
-  from rl.rollout import serve
-  from rl.rollout.client import TokenClient
   c = tiny_cpu.get_config()
   c.unlock()
   c.rollout.slots = 2
@@ -55,15 +58,12 @@ def tiny_server(max_len: int, prefill_buckets=(192,), **rollout):
 def one_device_and_sharded_engines(max_len: int, bucket: int, **sharded_kw):
   """Two engines on the same random weights: one on one device, one on a (1, 2, 2, 2) mesh with
   `sharded_kw` (cache settings), both with one prefill bucket."""
-  from configs import base
-  from models import sharding as shd
-  from rl.rollout.engine import QwenEngine
   c = base.get_config()
   with c.mesh.unlocked():
     c.mesh.shape = (1, 2, 2, 2)
   cfg = qwen3_5.config_from_dict(base.get_model_config())
   params = qwen3_5.init_params(cfg, jax.random.key(1))
   kw = dict(slots=2, max_len=max_len, prefill_buckets=(bucket,), params=params)
-  return QwenEngine(cfg, **kw), QwenEngine(cfg, mesh=shd.make_mesh(c.mesh),
-                                           rules=shd.rules_from_config(c.mesh.rules),
+  return QwenEngine(cfg, **kw), QwenEngine(cfg, mesh=sharding.make_mesh(c.mesh),
+                                           rules=sharding.rules_from_config(c.mesh.rules),
                                            **sharded_kw, **kw)

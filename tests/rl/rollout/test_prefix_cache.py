@@ -8,6 +8,8 @@ import pytest
 
 from envs.harness.policy import SamplingParams
 from models import qwen3_5
+from rl.rollout.engine import PrefillInput
+from rl.rollout.engine import SamplingSettings
 from rl.rollout.prefix_cache import SharedPrefix
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -106,7 +108,6 @@ def test_weight_sync_recomputes_the_shared_prefix(server):
 
 
 def test_sharded_engine_serves_the_shared_prefix_as_one_device_prefills_whole():
-  from rl.rollout.engine import PrefillInput, SamplingSettings
   whole, sharded = one_device_and_sharded_engines(MAX_LEN, 192, prefix_buckets=(128,),
                                                   prefix_min_len=64)
   for tail in TAILS:

@@ -9,12 +9,15 @@ import os
 import sys
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from configs import tiny_cpu
+from envs.harness.jetstream_client import JetStreamPolicy
+from envs.harness.jetstream_client import TokenClient
 from envs.harness.policy import SamplingParams
 from models import qwen3_5
-from rl.rollout.client import TokenClient
+from rl.rollout import serve
 from rl.rollout.published_weights import UNLOADED
 from rl.rollout.published_weights import WeightPublisher
 from rl.rollout.published_weights import WeightSyncTimeout
@@ -52,7 +55,6 @@ def _params(cfg, seed):
 
 @pytest.fixture(scope="module")
 def server(config, cfg):
-  from rl.rollout import serve
   s = serve.build_server(config, params=_params(cfg, 7), port=0, warmup=False,
                          initial_version=UNLOADED)
   client = TokenClient(s.address, timeout_s=120)
@@ -126,8 +128,6 @@ def test_a_version_the_server_cannot_load_is_a_timeout_naming_the_server(server,
 def test_float32_masters_published_to_a_bfloat16_server_are_served_cast(config, cfg, tmp_path):
   """The trainer publishes its float32 params; a server with rollout.weights_dtype = bfloat16
   restores them cast and serves the model's tokens with the cast weights."""
-  import jax.numpy as jnp
-  from rl.rollout import serve
   c = config.copy_and_resolve_references()
   with c.unlocked():
     c.rollout.weights_dtype = "bfloat16"
@@ -155,8 +155,6 @@ def test_servers_without_a_weights_dir_is_a_clear_error():
 
 
 def test_a_policy_over_two_servers_sends_requests_to_each_in_turn(config, cfg):
-  from rl.rollout import serve
-  from rl.rollout.client import JetStreamPolicy
   servers = [serve.build_server(config, params=_params(cfg, seed), port=0, warmup=False)
              for seed in (0, 1)]
   clients = [TokenClient(s.address, timeout_s=120) for s in servers]

@@ -9,6 +9,8 @@ from configs import qwen3_5_397b_a17b
 from configs import tiny_cpu
 from models import qwen3_5
 from rl import plan as train_plan
+from rl.learner import run_rl
+from rl.metrics import run_dir
 from rl.rollout import capacity
 
 
@@ -89,7 +91,6 @@ def test_full_size_configs_serve_the_whole_context_in_bfloat16(module):
 
 
 def test_a_slot_shorter_than_the_context_is_refused_before_anything_runs():
-  from rl import loop
   c = tiny_cpu.get_config()
   c.unlock()
   c.rollout.max_len = c.train.max_context - 1
@@ -97,8 +98,8 @@ def test_a_slot_shorter_than_the_context_is_refused_before_anything_runs():
     capacity.check_context(c)
   c.name = "never_started"
   with pytest.raises(ValueError, match="rollout.max_len"):
-    loop.run_rl(c)
-  assert not os.path.exists(loop.run_dir(c))
+    run_rl(c)
+  assert not os.path.exists(run_dir(c))
   assert capacity.check_context(base.get_config()) is None   # the defaults agree
 
 

@@ -5,6 +5,7 @@ so everything compiles once.
 """
 import concurrent.futures
 import functools
+import threading
 import time
 
 import grpc
@@ -12,13 +13,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from configs import tiny_cpu
+from envs.harness.jetstream_client import EngineError
+from envs.harness.jetstream_client import JetStreamPolicy
+from envs.harness.jetstream_client import TokenClient
 from envs.harness.policy import SamplingParams
 from models import qwen3_5
-from rl.rollout.client import EngineError
-from rl.rollout.client import JetStreamPolicy
-from rl.rollout.client import TokenClient
+from models import sharding
+from models.sharding import MeshError
+from rl import train_step
+from rl.rollout import serve
+from rl.rollout.engine import QwenEngine
+from rl.rollout.engine import engine_mesh
+
+# JetStream after rl.rollout, whose seqio stand-in lets it import (and whose compat module
+# undoes the root-logger change its orchestrator makes on import).
+from jetstream.core import orchestrator as jetstream_orchestrator
+from jetstream.core.proto import jetstream_pb2
+from jetstream.core.proto import jetstream_pb2_grpc
+from jetstream.engine import engine_api
 
 SLOTS = 2
 MAX_LEN = 64
@@ -48,7 +64,6 @@ def model(config):
 
 @pytest.fixture(scope="module")
 def server(config, model):
-  from rl.rollout import serve
   s = serve.build_server(config, params=model[1], port=0, warmup=False)
   s.engine.warmup(buckets=(16,))
   yield s
@@ -88,7 +103,6 @@ def test_greedy_equals_full_recompute(client, model, full_forward):
 
 
 def test_logprobs_equal_train_step_recompute(client, model):
-  from rl import train_step
   cfg, params = model
   prompt = PROMPTS[1]
   out = client.generate(prompt, SamplingParams(temperature=1.0, seed=123), max_tokens=10,
@@ -165,8 +179,6 @@ def test_disconnect_mid_stream_frees_the_slot(client, server):
 
 
 def test_jetstream_own_client_and_health(server):
-  from jetstream.core.proto import jetstream_pb2
-  from jetstream.core.proto import jetstream_pb2_grpc
   with grpc.insecure_channel(server.address) as ch:
     stub = jetstream_pb2_grpc.OrchestratorStub(ch)
     assert stub.HealthCheck(jetstream_pb2.HealthCheckRequest()).is_live
@@ -210,7 +222,6 @@ def test_weights_synced_from_a_donated_train_state_stay_served(client, server, m
   """The RL loop syncs the train state's device arrays (no host copy); the next train step
   donates that state. The engine serves its own copy, so it keeps generating with them, also
   when the train state already sits where the engine serves (one device: no reshard)."""
-  from jax.sharding import NamedSharding, PartitionSpec as P
   cfg, old = model
   new = qwen3_5.init_params(cfg, jax.random.key(7))
   want = {i: greedy_by_recompute(full_forward, new, PROMPTS[i], 6) for i in (0, 1)}
@@ -239,9 +250,6 @@ def test_engine_on_a_mesh_from_config_serves_the_models_greedy_tokens(config, mo
   devices; served tokens equal the recompute, before and after a weight sync from a train
   layout on the same devices. Under the full-size configs' context-parallel rules the engine
   keeps whole rows: its slots split over the batch axes, fsdp included."""
-  from jax.sharding import NamedSharding, PartitionSpec as P
-  from models import sharding
-  from rl.rollout import serve
   cfg, old = model
   c = config.copy_and_resolve_references()
   with c.unlocked():
@@ -274,7 +282,6 @@ def test_weights_served_in_bfloat16_are_the_synced_weights_cast(config, model, f
   """rollout.weights_dtype: the engine holds its weight matrices in bfloat16 and its vectors
   (norm scales, decay parameters) as given, cast from the float32 params it starts from and
   from each weight sync; served tokens are the model's own with those cast weights."""
-  from rl.rollout import serve
   cfg, old = model
   c = config.copy_and_resolve_references()
   with c.unlocked():
@@ -302,7 +309,6 @@ def test_weights_served_in_bfloat16_are_the_synced_weights_cast(config, model, f
 def test_an_engine_without_params_initialises_them_where_it_serves_them(config):
   """A served random init is created shard by shard on the engine's mesh, in its dtypes (a
   model that needs the mesh does not fit one device)."""
-  from rl.rollout.engine import QwenEngine
   c = config.copy_and_resolve_references()
   with c.unlocked():
     c.rollout.mesh_shape = (1, 2, 2, 2)
@@ -318,8 +324,6 @@ def test_an_engine_without_params_initialises_them_where_it_serves_them(config):
 
 
 def test_engine_mesh_takes_the_devices_it_names_and_refuses_more_than_there_are(config):
-  from models.sharding import MeshError
-  from rl.rollout.engine import engine_mesh
   c = config.copy_and_resolve_references()
   with c.unlocked():
     c.rollout.mesh_shape = (1, 3, 3, 1)     # 9 of the 8 devices
@@ -339,11 +343,8 @@ def test_generate_thread_survives_the_last_slot_freed_mid_step(server, monkeypat
   its non-blocking look at the backlog, then frees the 1-token request's slot. JetStream's loop
   then asserts with every slot free and its thread wrapper SIGKILLs the process (here
   `os.kill` records instead, so unpatched code shows as a dead server)."""
-  import threading
-  from jetstream.core import orchestrator as js
-  from jetstream.engine import engine_api
   kills = []
-  monkeypatch.setattr(js.os, "kill", lambda pid, sig: kills.append((pid, sig)))
+  monkeypatch.setattr(jetstream_orchestrator.os, "kill", lambda pid, sig: kills.append((pid, sig)))
   driver = server.driver
   slots, n = driver._generate_slots[0], driver._generate_engines[0].max_concurrent_decodes
   backlog, results = driver._generate_backlogs[0], driver._detokenize_backlogs[0]

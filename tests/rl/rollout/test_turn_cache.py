@@ -9,6 +9,8 @@ import pytest
 
 from envs.harness.policy import SamplingParams
 from models import qwen3_5
+from rl.rollout.engine import PrefillInput
+from rl.rollout.engine import SamplingSettings
 from rl.rollout.turn_cache import TurnCache
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -113,7 +115,6 @@ def test_sharded_engine_continues_a_kept_turn_as_one_device_prefills_the_whole()
   """Through the engine API on a 2x2x2 mesh: a turn decoded in slot 1 and stepped past its last
   token (as JetStream's loop does while other slots decode), kept, and continued; its logits
   match a one-device engine prefilling the whole conversation."""
-  from rl.rollout.engine import PrefillInput, SamplingSettings
   whole, sharded = one_device_and_sharded_engines(MAX_LEN, 192, prefix_buckets=(64,),
                                                   turn_cache=2)
   greedy = SamplingSettings(temperature=0.0, seed=3)
