@@ -226,7 +226,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.harness.kill_grace_s = 10.0      # past the episode timeout, the pool kills the process
   c.harness.max_world_starts = -1    # worlds (gateway processes) starting at once across the pool; 0 = no limit, -1 = 2 per CPU core
   c.harness.start_method = "forkserver"  # agent processes: forkserver (preloaded, cheap) | spawn
-  c.harness.preload = ("envs.harness.worlds", "envs.harness.oracle", "envs.apps.gateway", "envs.tasks")  # imported once by the fork server
+  c.harness.preload = ("envs.harness.episodes", "envs.harness.oracle", "envs.apps.gateway", "envs.tasks")  # imported once by the fork server
   c.harness.max_timeouts_per_group = 1  # a group with more timed-out trajectories is masked whole
   c.harness.policy_backend = "jetstream"  # policy=model: jetstream (server at rollout.address) | local (in-process decode)
 

@@ -2,11 +2,16 @@
 `--mode=eval`, `--mode=pass_rates`): pass@1 and mean reward over tasks with percentile bootstrap
 intervals, outcome counts, pass@1 per task family, and the lines that print them.
 
+`--mode=eval` (envs/scripted_eval.py, envs/harness/harness_eval.py) also reports per domain
+(`summarize_by_domain`) and prints its table, intervals and families with `format_eval`, and
+its last line with `eval_json`.
+
 The unit is the task: a task's samples are averaged first, then tasks are resampled whole, so a
 task with many samples does not count more than one with few.
 """
 from __future__ import annotations
 
+import json
 from typing import Sequence
 
 import numpy as np
@@ -71,10 +76,15 @@ def summarize(results: Sequence, tasks: Sequence, resamples: int, seed: int = 0)
 
 def format_summary(name: str, s: dict) -> str:
   """One line: pass@1 and mean reward with their intervals, and the number of tasks."""
+  return format_intervals(name, s, "held-out tasks")
+
+
+def format_intervals(name: str, s: dict, tasks: str = "tasks") -> str:
+  """`format_summary`'s line with its tasks called `tasks` (e.g. the split's)."""
   lo, hi = s["pass_at_1_ci95"]
   rlo, rhi = s["mean_reward_ci95"]
   return (f"{name}: pass@1 {s['pass_at_1']:.3f} [95% CI {lo:.3f}, {hi:.3f}]  mean reward "
-          f"{s['mean_reward']:.3f} [{rlo:.3f}, {rhi:.3f}]  ({s['n_tasks']} held-out tasks)")
+          f"{s['mean_reward']:.3f} [{rlo:.3f}, {rhi:.3f}]  ({s['n_tasks']} {tasks})")
 
 
 def format_families(before: dict, after: dict) -> str:
@@ -93,3 +103,52 @@ def scalars(s: dict) -> dict:
   """The summary's figures that go to metrics.jsonl / TensorBoard."""
   return {"pass_at_1": s["pass_at_1"], "pass_at_1_lo": s["pass_at_1_ci95"][0],
           "pass_at_1_hi": s["pass_at_1_ci95"][1], "mean_reward": s["mean_reward"]}
+
+
+def by_domain(results: Sequence, domain_of) -> dict:
+  """n (episodes), pass_at_1 and mean_reward over the results of each domain (`domain_of(r)`),
+  domains sorted: the table `--mode=eval` prints and returns under by_domain."""
+  groups: dict[str, list] = {}
+  for r in results:
+    groups.setdefault(domain_of(r), []).append(r)
+  return {d: _episode_means(v) for d, v in sorted(groups.items())}
+
+
+def _episode_means(results: Sequence) -> dict:
+  n = len(results)
+  return {"n": n, "pass_at_1": sum(r.passed for r in results) / max(n, 1),
+          "mean_reward": sum(r.reward for r in results) / max(n, 1)}
+
+
+def summarize_by_domain(results: Sequence, tasks: Sequence, domain_of, resamples: int,
+                        seed: int = 0) -> dict:
+  """`summarize` of an eval over `tasks`, plus n (episodes) and by_domain (`by_domain`)."""
+  s = summarize(results, tasks, resamples, seed)
+  s["n"] = len(results)
+  s["by_domain"] = by_domain(results, domain_of)
+  return s
+
+
+def format_by_family(s: dict) -> str:
+  """One line: pass@1 per task family of one eval (tasks in parentheses)."""
+  return "pass@1 by task family: " + (", ".join(
+      f"{f} {v['pass_at_1']:.2f} ({v['n_tasks']})" for f, v in s["by_family"].items()) or "none")
+
+
+def format_eval(name: str, s: dict, elapsed_s: float) -> list:
+  """The lines an eval (`summarize_by_domain`'s `s`) prints over its tasks: one per domain, all
+  of them with the episode rate over `elapsed_s`, the intervals, pass@1 per family."""
+  lines = [f"{d:24s} n={v['n']:4d}  pass@1={v['pass_at_1']:.4f}  mean_reward={v['mean_reward']:.4f}"
+           for d, v in s["by_domain"].items()]
+  lines.append(f"{'all':24s} n={s['n']:4d}  pass@1={s['pass_at_1']:.4f}  "
+               f"mean_reward={s['mean_reward']:.4f}  ({elapsed_s:.1f}s, "
+               f"{s['n'] / max(elapsed_s, 1e-9):.2f} episodes/s)")
+  lines.append(format_intervals(name, s))
+  lines.append(format_by_family(s))
+  return lines
+
+
+def eval_json(s: dict) -> str:
+  """An eval's last line: one JSON object with pass_at_1, mean_reward, by_domain, errors."""
+  return json.dumps({"pass_at_1": s["pass_at_1"], "mean_reward": s["mean_reward"],
+                     "by_domain": s["by_domain"], "errors": s["errors"]})

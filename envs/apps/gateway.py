@@ -25,6 +25,7 @@ import threading
 
 import mcp
 
+from envs.apps import server
 from envs.apps import tools as tools_lib
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -155,7 +156,6 @@ class LocalGateway:
     self.instructions = "in-process tools"
 
   def list_tools(self) -> list:
-    from envs.apps import server
     srv = server.build_server(self.tools.world_dir, self.tools.cfg)
 
     async def go():

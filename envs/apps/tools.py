@@ -157,7 +157,7 @@ class WorldTools:
     self._ext(real, (".docx",), "documents")
 
     def parse(p):
-      import docx
+      import docx  # lazy: document library (see _workbook)
       d = docx.Document(p)
       out = [para.text for para in d.paragraphs if para.text.strip()]
       for ti, t in enumerate(d.tables):
@@ -171,7 +171,7 @@ class WorldTools:
     real = self.resolve(path, must_exist=False)
     if not real.lower().endswith(".docx"):
       raise ToolFailure("unsupported", "path must end in .docx")
-    import docx
+    import docx  # lazy: document library (see _workbook)
     d = docx.Document()
     d.add_heading(title, level=1)
     for p in paragraphs:
@@ -183,7 +183,7 @@ class WorldTools:
   # ---- pdfs ----------------------------------------------------------------------------------
   def _pdf_pages(self, real: str) -> list:
     def parse(p):
-      import pypdf
+      import pypdf  # lazy: document library (see _workbook)
       return [pg.extract_text() or "" for pg in pypdf.PdfReader(p).pages]
     return self._cached("pdf", real, parse)
 
@@ -214,9 +214,10 @@ class WorldTools:
 
   # ---- spreadsheets --------------------------------------------------------------------------
   def _workbook(self, real: str, data_only: bool = True):
-    # Imported at first use, like the other file readers: importing openpyxl is ~0.14 s of CPU,
-    # paid by every world start otherwise, whether or not the episode opens a workbook.
-    import openpyxl  # pylint: disable=g-import-not-at-top
+    # Imported at first use, like the other file readers (docx, pypdf, pptx): importing openpyxl
+    # is ~0.14 s of CPU, paid by every world start otherwise (each gateway process imports this
+    # module), whether or not the episode opens a workbook.
+    import openpyxl  # lazy: document library (see _workbook)
     return openpyxl.load_workbook(real, data_only=data_only)
 
   def spreadsheets_list_sheets(self, path: str) -> str:
@@ -239,7 +240,7 @@ class WorldTools:
     if name not in sheets:
       raise ToolFailure("not_found", f"no sheet {sheet!r}; sheets: {', '.join(sheets)}")
     out = [f"sheet {name} of {self.rel(real)}"]
-    from openpyxl.utils import cell as cell_utils  # pylint: disable=g-import-not-at-top
+    from openpyxl.utils import cell as cell_utils  # lazy: document library (see _workbook)
     for i, row in enumerate(sheets[name][:max_rows]):
       cells = [f"{cell_utils.get_column_letter(j + 1)}={v}" for j, v in enumerate(row) if v is not None]
       if cells:
@@ -267,7 +268,7 @@ class WorldTools:
     self._ext(real, (".pptx",), "presentations")
 
     def parse(p):
-      from pptx import Presentation
+      from pptx import Presentation  # lazy: document library (see _workbook)
       out = []
       for i, s in enumerate(Presentation(p).slides):
         texts = [sh.text_frame.text for sh in s.shapes if sh.has_text_frame and sh.text_frame.text]
@@ -279,7 +280,7 @@ class WorldTools:
     """Append a title-and-bullets slide to a deck (.pptx)."""
     real = self.resolve(path)
     self._ext(real, (".pptx",), "presentations")
-    from pptx import Presentation
+    from pptx import Presentation  # lazy: document library (see _workbook)
     prs = Presentation(real)
     s = prs.slides.add_slide(prs.slide_layouts[1])
     s.shapes.title.text = title

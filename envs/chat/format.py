@@ -12,7 +12,7 @@ pieces are tokenized at the same boundaries as the whole conversation rendered a
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from envs.chat import template as T
+from envs.chat import template
 from envs.chat.template import BadToolCall
 from envs.chat.tokenizer import Tokenizer
 
@@ -56,7 +56,7 @@ class ChatFormat:
     self.sp = tokenizer.special
     self.thinking = thinking
     self._nl = tokenizer.encode("\n")
-    self._gen_prompt = tokenizer.encode(T.generation_prompt(thinking))
+    self._gen_prompt = tokenizer.encode(template.generation_prompt(thinking))
     # Every episode of a world carries the same tool list: its system turn (thousands of
     # tokens) is encoded once. Keyed by the exact text, so a changed schema misses the cache.
     self._system_cache: dict[str, list[int]] = {}
@@ -70,7 +70,7 @@ class ChatFormat:
   def system_ids(self, tools: Sequence[Mapping[str, Any]], system_prompt: str = "") -> list[int]:
     """The system turn (tools and call-format instructions), `<|im_end|>\\n` included."""
     if tools:
-      body = T.tools_system_text(tools, system_prompt)
+      body = template.tools_system_text(tools, system_prompt)
     elif system_prompt.strip():
       body = system_prompt.strip()
     else:
@@ -159,7 +159,7 @@ class ChatFormat:
         else:
           body = self.tok.decode(inner)
           try:
-            name, args = T.parse_tool_call_body(body, self._schema(tools, body))
+            name, args = template.parse_tool_call_body(body, self._schema(tools, body))
             out.tool_calls.append(ToolCall(name, args))
           except BadToolCall as e:
             out.error = out.error or e
@@ -192,7 +192,8 @@ class ChatFormat:
                  tools: Sequence[Mapping[str, Any]] = (),
                  add_generation_prompt: bool = True) -> list[int]:
     """A whole conversation, rendered as text by the template and encoded at once."""
-    return self.tok.encode(T.render_text(messages, tools, add_generation_prompt, self.thinking))
+    return self.tok.encode(
+        template.render_text(messages, tools, add_generation_prompt, self.thinking))
 
 
 def _index_any(ids: Sequence[int], targets: tuple[int, ...], start: int) -> int:

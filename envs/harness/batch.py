@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from envs.harness import errors as E
+from envs.harness import errors
 from envs.harness.world import EpisodeResult
 
 
@@ -36,12 +36,12 @@ def group_train_mask(results: Sequence[EpisodeResult], max_timeouts_per_group: i
   mask = np.ones(len(results), bool)
   for members in by_group.values():
     outcomes = [results[i].outcome for i in members]
-    timeouts = sum(o in E.TIMEOUTS for o in outcomes)
-    if any(o in E.GROUP_FATAL for o in outcomes) or timeouts > max_timeouts_per_group:
+    timeouts = sum(o in errors.TIMEOUTS for o in outcomes)
+    if any(o in errors.GROUP_FATAL for o in outcomes) or timeouts > max_timeouts_per_group:
       mask[members] = False
       continue
     for i in members:
-      if results[i].outcome not in E.MODEL_OUTCOMES:
+      if results[i].outcome not in errors.MODEL_OUTCOMES:
         mask[i] = False
   return mask
 
@@ -84,9 +84,9 @@ def collate(results: Sequence[EpisodeResult], max_timeouts_per_group: int,
     out["rollout_logprobs"][i, :n] = r.rollout_logprobs
     out["lengths"][i] = n
     out["prompt_lens"][i] = r.prompt_len
-    out["rewards"][i] = 0.0 if r.outcome == E.CONTEXT_OVERFLOW else r.reward
+    out["rewards"][i] = 0.0 if r.outcome == errors.CONTEXT_OVERFLOW else r.reward
     out["group_ids"][i] = r.group_id
-    out["outcome_ids"][i] = E.OUTCOMES.index(r.outcome)
+    out["outcome_ids"][i] = errors.OUTCOMES.index(r.outcome)
     out["turns"][i] = r.turns
   return out
 
@@ -97,17 +97,17 @@ def batch_metrics(results: Sequence[EpisodeResult], max_timeouts_per_group: int 
   n = len(results)
   m: dict[str, float] = {"episodes": n}
   outcomes = collections.Counter(r.outcome for r in results)
-  for o in E.OUTCOMES:
+  for o in errors.OUTCOMES:
     m[f"outcome/{o}"] = outcomes.get(o, 0)
   events = collections.Counter()
   for r in results:
     events.update(r.events)
-  for k in E.EVENTS:
+  for k in errors.EVENTS:
     m[f"event/{k}"] = events.get(k, 0)
   # The taxonomy's per-class counts: every occurrence for classes that are also events
   # (a malformed call counts whether or not it ended its episode), else the outcomes.
-  for c in E.ERROR_CLASSES:
-    m[f"errors/{c}"] = events.get(c, 0) if c in E.EVENTS else outcomes.get(c, 0)
+  for c in errors.ERROR_CLASSES:
+    m[f"errors/{c}"] = events.get(c, 0) if c in errors.EVENTS else outcomes.get(c, 0)
   if n:
     m["pass_rate"] = sum(r.passed for r in results) / n
     m["mean_reward"] = sum(r.reward for r in results) / n

@@ -5,12 +5,18 @@ tiny model: prefill the prompt (padded to a power-of-two bucket, so few shapes c
 then decode one token at a time with the model's own cache, sampling at the configured
 temperature and returning the logprob of each sampled id under the sampling distribution.
 It is slow (one jitted step per token, one sequence at a time) and exists so the harness can
-be exercised end to end on CPU; the engine in rl/rollout serves real rollouts.
+be exercised end to end on CPU; the engine in rl/rollout serves real rollouts. Importing this
+module imports JAX (the harness eval imports it only for harness.policy_backend=local).
 """
 import functools
 import math
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+
+from models import config as model_config
+from models import qwen3_5
 
 
 class LocalModelPolicy:
@@ -23,10 +29,6 @@ class LocalModelPolicy:
   """
 
   def __init__(self, fmt, model_cfg: dict, max_len: int, seed: int = 0, params=None):
-    import jax
-    from models import config as model_config
-    from models import qwen3_5
-    self.jax = jax
     self.cfg = model_config.from_config_dict(model_cfg)
     if self.cfg.vocab_size < fmt.tok.vocab_size:
       raise ValueError(f"model vocab {self.cfg.vocab_size} < tokenizer vocab "
@@ -39,7 +41,6 @@ class LocalModelPolicy:
     self._decode = jax.jit(functools.partial(qwen3_5.decode_step, self.cfg))
 
   def generate(self, prompt_ids, sampling, max_tokens, stop_ids):
-    jnp = self.jax.numpy
     n = len(prompt_ids)
     if n + 1 > self.max_len:
       raise ValueError(f"prompt of {n} tokens does not fit the cache of {self.max_len}")

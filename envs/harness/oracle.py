@@ -6,6 +6,9 @@ writes step i as a Qwen3-Coder XML tool call (or the answer once the steps are d
 output is tokenized and goes through exactly the parsing, tool dispatch, TITO accounting and
 grading a model's would, so 100% through the harness means the harness loses nothing.
 """
+import functools
+
+from envs import tasks as tasks_lib
 from envs.harness.policy import Action
 from envs.harness.policy import Observation
 from envs.harness.policy import ScriptedPolicy
@@ -34,10 +37,8 @@ class OraclePolicy(ScriptedPolicy):
 
 def oracle_factory(tasks_json: list[str]):
   """A picklable factory for the pool: tasks travel as JSON."""
-  import functools
   return functools.partial(_build, tuple(tasks_json))
 
 
 def _build(tasks_json, fmt):
-  from envs import tasks as tasks_lib
   return OraclePolicy(fmt, [tasks_lib.Task.from_json(s) for s in tasks_json])

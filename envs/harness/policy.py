@@ -9,7 +9,7 @@ exactly the path a model does.
 import dataclasses
 from typing import Any, Protocol, Sequence
 
-from envs.chat import template as T
+from envs.chat import template
 from envs.chat.format import ChatFormat
 
 FINISH_STOP = "stop"      # a stop id was sampled (it is the last of the returned ids)
@@ -107,7 +107,7 @@ class ScriptedPolicy:
     del sampling
     action = self.act(self.read(prompt_ids))
     reasoning = action.reasoning if self.fmt.thinking else None
-    text = action.raw if action.raw is not None else T.assistant_text(
+    text = action.raw if action.raw is not None else template.assistant_text(
         action.content, action.tool_calls, reasoning)
     ids = self.tok.encode(text) + [stop_ids[0]]
     finish = FINISH_STOP

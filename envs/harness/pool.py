@@ -19,9 +19,11 @@ import traceback
 from multiprocessing import connection
 from typing import Any, Callable, Sequence
 
-from envs.harness import errors as E
-from envs.harness.loop import LoopSettings
-from envs.harness.loop import run_episode
+from envs.chat.format import ChatFormat
+from envs.chat.tokenizer import load_tokenizer
+from envs.harness import errors
+from envs.harness.agent_loop import LoopSettings
+from envs.harness.agent_loop import run_episode
 from envs.harness.world import Episode
 from envs.harness.world import EpisodeResult
 from envs.harness.world import run_exit_hooks
@@ -39,8 +41,6 @@ class FormatSpec:
     return cls(c.tokenizer.path, c.tokenizer.special_ids, c.tokenizer.thinking)
 
   def build(self):
-    from envs.chat.format import ChatFormat
-    from envs.chat.tokenizer import load_tokenizer
     return ChatFormat(load_tokenizer(self.tokenizer_path, self.special_ids), self.thinking)
 
 
@@ -256,14 +256,14 @@ class AgentPool:
           code = w.proc.exitcode
           self.deaths.append(dict(pid=w.proc.pid, exitcode=code, task_id=ep.task_id,
                                   why="died"))
-          done(idx, _failed(ep, E.HARNESS_BUG,
+          done(idx, _failed(ep, errors.HARNESS_BUG,
                             f"agent process {w.proc.pid} died (exit code {code})"))
           w.job = None
           self._replace(i)
         elif now >= deadline:
           self.deaths.append(dict(pid=w.proc.pid, exitcode=None, task_id=ep.task_id,
                                   why="killed at the episode deadline"))
-          done(idx, _failed(ep, E.EPISODE_TIMEOUT,
+          done(idx, _failed(ep, errors.EPISODE_TIMEOUT,
                             f"agent process {w.proc.pid} still busy {self._grace}s after "
                             f"the episode timeout; killed"))
           w.job = None

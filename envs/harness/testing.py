@@ -6,7 +6,9 @@ write Qwen3.5 text, tokenized, and read only their context ids.
 """
 import dataclasses
 import json
+import math
 import os
+import random
 import re
 import subprocess
 import sys
@@ -161,8 +163,6 @@ class UniformRandomPolicy:
     self.stop_bias = stop_bias  # extra probability of ending the turn at each step
 
   def generate(self, prompt_ids, sampling, max_tokens, stop_ids):
-    import math
-    import random
     rng = random.Random(hash((tuple(prompt_ids[-64:]), len(prompt_ids), sampling.seed)))
     ids, lps = [], []
     p_stop = self.stop_bias + (1 - self.stop_bias) * len(stop_ids) / self.vocab

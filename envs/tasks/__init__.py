@@ -100,7 +100,7 @@ class TaskSource:
 
 def data_loader(envs_cfg, split: str, seed: int, num_epochs: int = 1, shuffle: bool = True):
   """A grain DataLoader over a split yielding Task objects (shuffled per epoch with `seed`)."""
-  import grain.python as grain
+  import grain.python as grain  # lazy: ~4 s of imports, for data_loader's callers only
   src = TaskSource(load_split(envs_cfg, split))
   sampler = grain.IndexSampler(num_records=len(src), num_epochs=num_epochs, shuffle=shuffle,
                                seed=seed, shard_options=grain.NoSharding())

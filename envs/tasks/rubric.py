@@ -100,10 +100,10 @@ def _file(root, rel):
 def _doc_text(path: str) -> str:
   low = path.lower()
   if low.endswith(".docx"):
-    import docx
+    import docx  # lazy: document library, for a criterion on that format
     return "\n".join(p.text for p in docx.Document(path).paragraphs)
   if low.endswith(".pptx"):
-    from pptx import Presentation
+    from pptx import Presentation  # lazy: document library, for a criterion on that format
     return "\n".join(sh.text_frame.text for s in Presentation(path).slides for sh in s.shapes
                      if sh.has_text_frame)
   with open(path, encoding="utf-8", errors="replace") as f:
@@ -114,7 +114,7 @@ def _doc_text(path: str) -> str:
 def _slide_count(path: str, mtime_ns: int, size: int) -> int:
   """Slides of a (pristine) deck; cached because every graded episode of a world reads it."""
   del mtime_ns, size  # cache key only
-  from pptx import Presentation
+  from pptx import Presentation  # lazy: document library, for a criterion on that format
   return len(Presentation(path).slides)
 
 
@@ -146,7 +146,7 @@ def check(c: dict, answer: str, before: str, after: str, cfg) -> CriterionResult
           ok = True
       detail = f"{len(sent)} new e-mails"
   elif t == "cell_value":
-    import openpyxl
+    import openpyxl  # lazy: document library, for a criterion on that format
     p = _file(after, c["path"])
     if os.path.exists(p):
       wb = openpyxl.load_workbook(p, data_only=True)
@@ -162,7 +162,7 @@ def check(c: dict, answer: str, before: str, after: str, cfg) -> CriterionResult
     p = _file(after, c["path"])
     ok = os.path.isfile(p) and _contains_all(_doc_text(p), c.get("contains", []), cfg)
   elif t == "slide_added":
-    from pptx import Presentation
+    from pptx import Presentation  # lazy: document library, for a criterion on that format
     p_before, p_after = _file(before, c["path"]), _file(after, c["path"])
     if os.path.isfile(p_after):
       st = os.stat(p_before)

@@ -83,8 +83,8 @@ def _filler(rng: random.Random, spec: dict, entity: dict, n: int) -> list:
 
 def write_pdf(path: str, title: str, lines: list):
   """A text PDF (reportlab). One fact per line so that extracted text keeps it whole."""
-  from reportlab.lib.pagesizes import A4
-  from reportlab.pdfgen import canvas
+  from reportlab.lib.pagesizes import A4  # lazy: document library, only when worlds render
+  from reportlab.pdfgen import canvas  # lazy: document library, only when worlds render
   c = canvas.Canvas(path, pagesize=A4, invariant=1)
   c.setTitle(title)
   c.setAuthor("world generator")
@@ -106,7 +106,7 @@ def write_pdf(path: str, title: str, lines: list):
 
 def write_xlsx(path: str, sheets: dict):
   """sheets: {name: rows (list of lists)}; values stored, never formulas."""
-  import openpyxl
+  import openpyxl  # lazy: document library, only when worlds render
   wb = openpyxl.Workbook()
   wb.remove(wb.active)
   for name, rows in sheets.items():
@@ -121,7 +121,7 @@ def write_xlsx(path: str, sheets: dict):
 
 
 def write_docx(path: str, title: str, paragraphs: list, table: list = None):
-  import docx
+  import docx  # lazy: document library, only when worlds render
   d = docx.Document()
   d.add_heading(title, level=1)
   for p in paragraphs:
@@ -143,7 +143,7 @@ def write_docx(path: str, title: str, paragraphs: list, table: list = None):
 
 def write_pptx(path: str, title: str, slides: list):
   """slides: list of (title, [bullet lines])."""
-  from pptx import Presentation
+  from pptx import Presentation  # lazy: document library, only when worlds render
   prs = Presentation()
   s = prs.slides.add_slide(prs.slide_layouts[0])
   s.shapes.title.text = title

@@ -10,6 +10,7 @@ Structure (all money in the unit named by the domain vocabulary):
   entity = {name, slug, owner, series{metric: {year: value}}, profile{attr: value},
             terms{attr: value}, slide{attr: value}, mail_fact{...}, chat_fact{...}}
 """
+import datetime
 import hashlib
 import random
 
@@ -145,7 +146,6 @@ def _num(rng: random.Random, lo: float, hi: float, dec: int) -> float:
 
 def _date(rng: random.Random, year: int = 2025) -> str:
   """ISO date on a weekday in `year` (months 2-11 keep all dates inside one calendar year)."""
-  import datetime
   while True:
     d = datetime.date(year, rng.randint(2, 11), rng.randint(1, 28))
     if d.weekday() < 5:

@@ -3,7 +3,7 @@ import pytest
 
 from envs.chat import ChatFormat
 from envs.chat import load_tokenizer
-from envs.chat import template as T
+from envs.chat import template
 
 TOOLS = [
     {"type": "function", "function": {
@@ -42,7 +42,7 @@ def _conversation():
 
 def test_render_text_matches_the_template():
   msgs = _conversation()[:4]
-  text = T.render_text(msgs, TOOLS[:1])
+  text = template.render_text(msgs, TOOLS[:1])
   expected = (
       "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"
       + '{"type": "function", "function": {"name": "pdfs_read", "description": "Read a PDF.", '
@@ -66,9 +66,9 @@ def test_render_text_matches_the_template():
       "<|im_start|>user\n<tool_response>\nEBITDA FY2024: 412.5\n</tool_response><|im_end|>\n"
       "<|im_start|>assistant\n<think>\n")
   assert text == expected
-  assert T.render_text(msgs[:2], thinking=False).endswith(
+  assert template.render_text(msgs[:2], thinking=False).endswith(
       "<|im_start|>assistant\n<think>\n\n</think>\n\n")
-  assert T.render_text(msgs[1:2], thinking=True) == (
+  assert template.render_text(msgs[1:2], thinking=True) == (
       "<|im_start|>user\nWhat was EBITDA in FY2024?<|im_end|>\n<|im_start|>assistant\n<think>\n")
 
 
@@ -80,7 +80,7 @@ def _incremental(fmt, msgs, tools):
     m = msgs[i]
     assert m["role"] == "assistant"
     reasoning = m.get("reasoning_content") if fmt.thinking else None
-    sampled = fmt.tok.encode(T.assistant_text(m.get("content", ""), m.get("tool_calls", ()),
+    sampled = fmt.tok.encode(template.assistant_text(m.get("content", ""), m.get("tool_calls", ()),
                                               reasoning)) + [fmt.sp.im_end]
     ids += sampled
     i += 1
@@ -101,7 +101,7 @@ def test_whole_and_incremental_ids_agree(tok, thinking):
       m.pop("reasoning_content", None)
   whole = fmt.render_ids(msgs, TOOLS, add_generation_prompt=False)
   assert _incremental(fmt, msgs, TOOLS) == whole
-  assert tok.decode(whole) == T.render_text(msgs, TOOLS, add_generation_prompt=False)
+  assert tok.decode(whole) == template.render_text(msgs, TOOLS, add_generation_prompt=False)
 
 
 def test_prefix_renders_agree(tok):
@@ -116,7 +116,7 @@ def test_prefix_renders_agree(tok):
 
 def test_parse_tool_calls_and_types(tok):
   fmt = ChatFormat(tok, thinking=True)
-  text = T.assistant_text("Let me look.", [
+  text = template.assistant_text("Let me look.", [
       {"name": "pdfs_read", "arguments": {"path": "007", "page": 3}},
       {"name": "mail_send", "arguments": {"to": ["a@b.c"], "body": "line1\nline2\n"}}],
       "thinking hard")

@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from envs.harness import errors as E
-from envs.harness import testing as F
+from envs.harness import errors
+from envs.harness import testing
 from envs.harness.batch import batch_metrics
-from envs.harness.loop import LoopSettings
+from envs.harness.agent_loop import LoopSettings
 from envs.harness.policy import Action
 from envs.harness.pool import AgentPool
 from envs.harness.pool import FormatSpec
@@ -24,7 +24,7 @@ SETTINGS = LoopSettings(
     nudge_fraction=0.2, nudge_once=True, world_start_timeout_s=3.0, model_timeout_s=1.5,
     tool_timeout_s=1.0, grade_timeout_s=3.0, episode_timeout_s=4.0, temperature=1.0, top_p=1.0,
     top_k=0)
-WORLD = F.FakeWorldSpec(facts=(("alpha", "412.5"),), answer="412.5")
+WORLD = testing.FakeWorldSpec(facts=(("alpha", "412.5"),), answer="412.5")
 
 
 def _call(name, **args):
@@ -36,20 +36,20 @@ SCRIPTS = {
     "hanging tool": [_call("hang", seconds=30)],
     "crashing tool": [_call("crash"), Action(content="412.5")],
     "world killed": [_call("lookup", key="alpha"), _call("die")],
-    "engine hangs": F.HANG_ENGINE,
-    "engine raises": F.ENGINE_RAISES,
+    "engine hangs": testing.HANG_ENGINE,
+    "engine raises": testing.ENGINE_RAISES,
     "malformed call": [BAD],
     "unknown tool": [_call("frobnicate", x=1)],
     "overflow": [_call("echo", text="z", times=20000)],
     "loops": [_call("lookup", key="alpha")],
     "slow tools": [_call("hang", seconds=0.8)],
-    "agent dies": F.KILL_AGENT,
+    "agent dies": testing.KILL_AGENT,
     # Holds the GIL in a regex for minutes: only the parent's kill can end it.
     "wedged": [_call("lookup", key="alpha")],
 }
 
 
-class _WedgingPolicy(F.TaskScriptPolicy):
+class _WedgingPolicy(testing.TaskScriptPolicy):
   def generate(self, prompt_ids, sampling, max_tokens, stop_ids):
     if self.read(prompt_ids).task == "wedged":
       re.match(r"(a+)+$", "a" * 64 + "b")
@@ -65,74 +65,75 @@ def pool():
 
 def _run(pool, fault, healthy=2, world=WORLD):
   eps = [Episode(task_id="fault", prompt=fault, world=world, group_id=0)]
-  eps += [Episode(task_id=f"ok{i}", prompt=F.lookup_task("alpha"), world=WORLD, group_id=1,
+  eps += [Episode(task_id=f"ok{i}", prompt=testing.lookup_task("alpha"), world=WORLD, group_id=1,
                   sample_index=i) for i in range(healthy)]
   results = pool.run(eps)
   assert len(results) == len(eps)
   for r in results[1:]:
-    assert r.outcome == E.OK and r.passed and r.reward == 1.0, (r.outcome, r.detail)
+    assert r.outcome == errors.OK and r.passed and r.reward == 1.0, (r.outcome, r.detail)
     assert len(r.tokens) == len(r.loss_mask) == len(r.rollout_logprobs) > r.prompt_len
   return results[0], batch_metrics(results, 1)
 
 
 def test_tool_timeout(pool):
   r, m = _run(pool, "hanging tool")
-  assert r.outcome == E.TOOL_TIMEOUT and "tool hang" in r.detail
+  assert r.outcome == errors.TOOL_TIMEOUT and "tool hang" in r.detail
   assert m["errors/tool_timeout"] == 1
 
 
 def test_tool_error(pool):
   r, m = _run(pool, "crashing tool")
-  assert r.outcome == E.OK and r.events[E.TOOL_ERROR] == 1 and r.passed
+  assert r.outcome == errors.OK and r.events[errors.TOOL_ERROR] == 1 and r.passed
   assert m["errors/tool_error"] == 1
 
 
 def test_world_killed_mid_episode(pool):
   r, m = _run(pool, "world killed")
-  assert r.outcome == E.WORLD_CRASH and "die" in r.detail, r.detail
+  assert r.outcome == errors.WORLD_CRASH and "die" in r.detail, r.detail
   assert r.turns == 2 and m["errors/world_crash"] == 1
 
 
 def test_world_start_timeout(pool):
-  r, _ = _run(pool, F.lookup_task("alpha"), world=dataclasses.replace(WORLD, start_delay_s=10))
-  assert r.outcome == E.WORLD_CRASH and "world start" in r.detail and r.tainted
+  r, _ = _run(pool, testing.lookup_task("alpha"),
+              world=dataclasses.replace(WORLD, start_delay_s=10))
+  assert r.outcome == errors.WORLD_CRASH and "world start" in r.detail and r.tainted
 
 
 def test_engine_stops_answering(pool):
   before = pool.recycled
   r, m = _run(pool, "engine hangs")
-  assert r.outcome == E.ENGINE_ERROR and "did not return" in r.detail
+  assert r.outcome == errors.ENGINE_ERROR and "did not return" in r.detail
   assert pool.recycled == before + 1 and m["errors/engine_error"] == 1
   r, _ = _run(pool, "engine raises")
-  assert r.outcome == E.ENGINE_ERROR and "unreachable" in r.detail
+  assert r.outcome == errors.ENGINE_ERROR and "unreachable" in r.detail
 
 
 def test_malformed_tool_call(pool):
   r, m = _run(pool, "malformed call")
-  assert r.outcome == E.BAD_TOOL_CALL and "after 2 repair" in r.detail
+  assert r.outcome == errors.BAD_TOOL_CALL and "after 2 repair" in r.detail
   assert r.events == {"bad_tool_call": 3, "repair": 2}
   assert m["errors/bad_tool_call"] == 3 and m["outcome/bad_tool_call"] == 1
 
 
 def test_unknown_tool(pool):
   r, m = _run(pool, "unknown tool")
-  assert r.outcome == E.UNKNOWN_TOOL and "frobnicate" in r.detail
+  assert r.outcome == errors.UNKNOWN_TOOL and "frobnicate" in r.detail
   assert m["errors/unknown_tool"] == 3
 
 
 def test_context_overflow(pool):
   r, _ = _run(pool, "overflow")
-  assert r.outcome == E.CONTEXT_OVERFLOW and r.reward == 0.0
+  assert r.outcome == errors.CONTEXT_OVERFLOW and r.reward == 0.0
 
 
 def test_max_turns(pool):
   r, _ = _run(pool, "loops")
-  assert r.outcome == E.MAX_TURNS and r.turns == SETTINGS.max_turns
+  assert r.outcome == errors.MAX_TURNS and r.turns == SETTINGS.max_turns
 
 
 def test_episode_timeout(pool):
   r, _ = _run(pool, "slow tools")
-  assert r.outcome == E.EPISODE_TIMEOUT, (r.outcome, r.detail)
+  assert r.outcome == errors.EPISODE_TIMEOUT, (r.outcome, r.detail)
   assert 3 <= r.turns < SETTINGS.max_turns
 
 
@@ -140,14 +141,14 @@ def test_dead_agent_process_is_replaced(pool):
   pids = set(pool.pids)
   deaths = len(pool.deaths)
   r, m = _run(pool, "agent dies", healthy=3)
-  assert r.outcome == E.HARNESS_BUG and "exit code 3" in r.detail
+  assert r.outcome == errors.HARNESS_BUG and "exit code 3" in r.detail
   assert len(pool.deaths) == deaths + 1 and pool.size == 2 and set(pool.pids) != pids
 
 
 @pytest.mark.slow
 def test_wedged_process_is_killed_at_the_deadline(pool):
   r, _ = _run(pool, "wedged")
-  assert r.outcome == E.EPISODE_TIMEOUT and "killed" in r.detail
+  assert r.outcome == errors.EPISODE_TIMEOUT and "killed" in r.detail
 
 
 def test_bad_policy_factory_is_a_config_error():
@@ -163,13 +164,13 @@ def test_random_policy_episodes_end_classified():
   """Garbage in (uniform random ids, control ids included): every episode still ends with a
   named outcome, and the trajectory accounting holds."""
   s = dataclasses.replace(SETTINGS, max_tokens_per_turn=64, episode_timeout_s=20.0)
-  factory = functools.partial(F.UniformRandomPolicy, stop_bias=0.05)
-  eps = [Episode(task_id=f"r{i}", prompt=F.lookup_task("alpha"), world=WORLD, group_id=i // 4,
+  factory = functools.partial(testing.UniformRandomPolicy, stop_bias=0.05)
+  eps = [Episode(task_id=f"r{i}", prompt=testing.lookup_task("alpha"), world=WORLD, group_id=i // 4,
                  sample_index=i % 4, seed=i) for i in range(12)]
   with AgentPool(2, FormatSpec(), factory, s, kill_grace_s=2.0) as p:
     results = p.run(eps)
   outcomes = {r.outcome for r in results}
-  assert outcomes <= set(E.MODEL_OUTCOMES), [(r.outcome, r.detail) for r in results]
+  assert outcomes <= set(errors.MODEL_OUTCOMES), [(r.outcome, r.detail) for r in results]
   for r in results:
     assert len(r.tokens) == len(r.loss_mask) == len(r.rollout_logprobs)
     assert sum(r.loss_mask) > 0 and not any(r.loss_mask[:r.prompt_len])
@@ -178,21 +179,21 @@ def test_random_policy_episodes_end_classified():
 def test_world_start_gate_serialises_starts():
   """With one start slot, starts queue (counted as start_queue time), none times out."""
   slow = dataclasses.replace(WORLD, start_delay_s=0.5)
-  eps = [Episode(task_id=f"g{i}", prompt=F.lookup_task("alpha"), world=slow, group_id=i)
+  eps = [Episode(task_id=f"g{i}", prompt=testing.lookup_task("alpha"), world=slow, group_id=i)
          for i in range(4)]
-  factory = functools.partial(F.TaskScriptPolicy, scripts={})
+  factory = functools.partial(testing.TaskScriptPolicy, scripts={})
   with AgentPool(4, FormatSpec(), factory, SETTINGS, kill_grace_s=1.0, max_world_starts=1) as p:
     results = p.run(eps)
-  assert all(r.outcome == E.OK for r in results), [(r.outcome, r.detail) for r in results]
+  assert all(r.outcome == errors.OK for r in results), [(r.outcome, r.detail) for r in results]
   waits = sorted(r.timing["start_queue"] for r in results)
   assert waits[-1] >= 1.0  # the last one waited for (about) three starts before it
 
 
 def test_on_result_sees_every_result_as_it_arrives(pool):
   eps = [Episode(task_id="fault", prompt="agent dies", world=WORLD, group_id=0)]
-  eps += [Episode(task_id=f"ok{i}", prompt=F.lookup_task("alpha"), world=WORLD, group_id=1,
+  eps += [Episode(task_id=f"ok{i}", prompt=testing.lookup_task("alpha"), world=WORLD, group_id=1,
                   sample_index=i) for i in range(3)]
   seen = []
   results = pool.run(eps, on_result=seen.append)
   assert sorted(r.task_id for r in seen) == sorted(r.task_id for r in results)
-  assert {r.outcome for r in seen} == {E.OK, E.HARNESS_BUG}
+  assert {r.outcome for r in seen} == {errors.OK, errors.HARNESS_BUG}

@@ -6,14 +6,14 @@ import pytest
 
 from envs.chat import ChatFormat
 from envs.chat import load_tokenizer
-from envs.harness import errors as E
-from envs.harness import testing as F
+from envs.harness import errors
+from envs.harness import testing
 from envs.harness.batch import batch_metrics
 from envs.harness.batch import collate
 from envs.harness.batch import group_train_mask
-from envs.harness.loop import LoopSettings
-from envs.harness.loop import NUDGE_TEXT
-from envs.harness.loop import run_episode
+from envs.harness.agent_loop import LoopSettings
+from envs.harness.agent_loop import NUDGE_TEXT
+from envs.harness.agent_loop import run_episode
 from envs.harness.policy import Action
 from envs.harness.world import Episode
 from envs.harness.world import EpisodeResult
@@ -23,7 +23,7 @@ SETTINGS = LoopSettings(
     nudge_fraction=0.2, nudge_once=True, world_start_timeout_s=10, model_timeout_s=10,
     tool_timeout_s=10, grade_timeout_s=10, episode_timeout_s=60, temperature=1.0, top_p=1.0,
     top_k=0)
-WORLD = F.FakeWorldSpec(facts=(("alpha", "412.5"), ("beta", "x" * 40)), answer="412.5")
+WORLD = testing.FakeWorldSpec(facts=(("alpha", "412.5"), ("beta", "x" * 40)), answer="412.5")
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +31,11 @@ def fmt():
   return ChatFormat(load_tokenizer(), thinking=True)
 
 
-def _episode(task=F.lookup_task("alpha"), world=WORLD, **kw):
+def _episode(task=testing.lookup_task("alpha"), world=WORLD, **kw):
   return Episode(task_id=kw.pop("task_id", "t0"), prompt=task, world=world, **kw)
 
 
-def _check_invariants(res, fmt, task=F.lookup_task("alpha")):
+def _check_invariants(res, fmt, task=testing.lookup_task("alpha")):
   n = len(res.tokens)
   assert len(res.loss_mask) == n == len(res.rollout_logprobs)
   assert res.tokens[:res.prompt_len] == fmt.prompt_ids(_tools(), task)
@@ -52,8 +52,8 @@ def _tools():
 
 
 def test_oracle_episode(fmt):
-  res = run_episode(_episode(), F.LookupOracle(fmt), fmt, SETTINGS)
-  assert res.outcome == E.OK, res.detail
+  res = run_episode(_episode(), testing.LookupOracle(fmt), fmt, SETTINGS)
+  assert res.outcome == errors.OK, res.detail
   assert res.passed and res.reward == 1.0 and res.final_answer == "412.5"
   assert res.turns == 2
   _check_invariants(res, fmt)
@@ -91,7 +91,7 @@ def test_tito_keeps_noncanonical_sampled_ids(fmt):
   assert tok.encode(tok.decode(broken)) != broken
   answer_ids = tok.encode("412.5 ") + bytewise + broken
 
-  class Sampler(F.LookupOracle):
+  class Sampler(testing.LookupOracle):
     def generate(self, prompt_ids, sampling, max_tokens, stop_ids):
       ids, lps, fin = super().generate(prompt_ids, sampling, max_tokens, stop_ids)
       if self.read(prompt_ids).results:  # the answer turn: non-canonical ids
@@ -102,7 +102,7 @@ def test_tito_keeps_noncanonical_sampled_ids(fmt):
 
   policy = Sampler(fmt)
   res = run_episode(_episode(), policy, fmt, SETTINGS)
-  assert res.outcome == E.OK, res.detail
+  assert res.outcome == errors.OK, res.detail
   ids, lps = policy.sent
   start = _spans(res.loss_mask)[-1][0]
   assert res.tokens[start:start + len(ids)] == ids
@@ -116,23 +116,23 @@ def test_episode_temperature_overrides_the_loops(fmt, episode_temperature, expec
   """The held-out eval samples at its own temperature (greedy at 0); None keeps the loop's."""
   seen = []
 
-  class Recorder(F.LookupOracle):
+  class Recorder(testing.LookupOracle):
     def generate(self, prompt_ids, sampling, max_tokens, stop_ids):
       seen.append(sampling.temperature)
       return super().generate(prompt_ids, sampling, max_tokens, stop_ids)
 
   res = run_episode(_episode(temperature=episode_temperature), Recorder(fmt), fmt, SETTINGS)
-  assert res.outcome == E.OK, res.detail
+  assert res.outcome == errors.OK, res.detail
   assert seen == [expected, expected]
 
 
 def test_repair_then_success(fmt):
   bad = Action(raw="<tool_call>\n<function=lookup>\n<parameter=key>\nalpha\n</tool_call>")
   good = Action(tool_calls=[{"name": "lookup", "arguments": {"key": "alpha"}}])
-  task = F.lookup_task("alpha")
-  policy = F.TaskScriptPolicy(fmt, {task: [bad, good, Action(content="412.5")]})
+  task = testing.lookup_task("alpha")
+  policy = testing.TaskScriptPolicy(fmt, {task: [bad, good, Action(content="412.5")]})
   res = run_episode(_episode(), policy, fmt, SETTINGS)
-  assert res.outcome == E.OK and res.passed, res.detail
+  assert res.outcome == errors.OK and res.passed, res.detail
   assert res.events == {"bad_tool_call": 1, "repair": 1}
   assert "could not be parsed" in fmt.tok.decode(res.tokens)
 
@@ -142,19 +142,19 @@ def _nudge_run(fmt, settings, sizes):
   task = "Echo things, then answer."
   script = [Action(tool_calls=[{"name": "echo", "arguments": {"text": "y", "times": n}}])
             for n in sizes] + [Action(content="412.5")]
-  return run_episode(_episode(task), F.TaskScriptPolicy(fmt, {task: script}), fmt, settings)
+  return run_episode(_episode(task), testing.TaskScriptPolicy(fmt, {task: script}), fmt, settings)
 
 
 def test_nudge_fires_at_the_configured_point_only(fmt):
   res = _nudge_run(fmt, SETTINGS, [1, 1, 1])
-  assert res.outcome == E.OK and "nudge" not in res.events  # plenty of context: no nudge
+  assert res.outcome == errors.OK and "nudge" not in res.events  # plenty of context: no nudge
   # Find the echo size that crosses the threshold, from the observed growth.
   base = _nudge_run(fmt, dataclasses.replace(SETTINGS, nudge=False), [1])
   limit = SETTINGS.max_context * (1 - SETTINGS.nudge_fraction)
   sizes = [1, 1, int(limit - len(base.tokens)) + 40, 1, 1]
   s = dataclasses.replace(SETTINGS, max_turns=10)
   res = _nudge_run(fmt, s, sizes)
-  assert res.outcome == E.OK, res.detail
+  assert res.outcome == errors.OK, res.detail
   assert res.events.get("nudge") == 1
   text = fmt.tok.decode(res.tokens)
   assert text.count("[Notice from the system]") == 1
@@ -173,7 +173,7 @@ def test_nudge_fires_at_the_configured_point_only(fmt):
 
 def test_context_overflow_is_reward_zero(fmt):
   res = _nudge_run(fmt, SETTINGS, [5000])
-  assert res.outcome == E.CONTEXT_OVERFLOW and res.reward == 0.0
+  assert res.outcome == errors.CONTEXT_OVERFLOW and res.reward == 0.0
   # A tool output that overflows is not appended: the trajectory still fits a training row.
   assert 0 < len(res.tokens) <= SETTINGS.max_context
   assert len(res.loss_mask) == len(res.tokens) == len(res.rollout_logprobs)
@@ -186,10 +186,11 @@ def _res(group, outcome, reward=1.0, n=5):
 
 
 def test_group_masking_rules():
-  rs = [_res(0, E.OK), _res(0, E.WORLD_CRASH),                      # infra error: group out
-        _res(1, E.OK), _res(1, E.TOOL_TIMEOUT),                     # one timeout: only it
-        _res(2, E.TOOL_TIMEOUT), _res(2, E.EPISODE_TIMEOUT), _res(2, E.OK),  # two: group out
-        _res(3, E.CONTEXT_OVERFLOW), _res(3, E.MAX_TURNS), _res(3, E.BAD_TOOL_CALL)]
+  rs = [_res(0, errors.OK), _res(0, errors.WORLD_CRASH),                  # infra error: group out
+        _res(1, errors.OK), _res(1, errors.TOOL_TIMEOUT),                 # one timeout: only it
+        _res(2, errors.TOOL_TIMEOUT), _res(2, errors.EPISODE_TIMEOUT),
+        _res(2, errors.OK),                                               # two: group out
+        _res(3, errors.CONTEXT_OVERFLOW), _res(3, errors.MAX_TURNS), _res(3, errors.BAD_TOOL_CALL)]
   mask = group_train_mask(rs, max_timeouts_per_group=1)
   assert mask.tolist() == [False, False, True, False, False, False, False, True, True, True]
   batch = collate(rs, 1, pad_to=8, pad_id=0)
@@ -198,16 +199,16 @@ def test_group_masking_rules():
   assert batch["rewards"][7] == 0.0 and batch["rewards"][8] == 1.0
   assert batch["rollout_logprobs"][2, 2] == np.float32(-0.5)
   assert batch["group_ids"].tolist() == [0, 0, 1, 1, 2, 2, 2, 3, 3, 3]
-  assert [E.OUTCOMES[i] for i in batch["outcome_ids"]][:2] == [E.OK, E.WORLD_CRASH]
+  assert [errors.OUTCOMES[i] for i in batch["outcome_ids"]][:2] == [errors.OK, errors.WORLD_CRASH]
   with pytest.raises(ValueError, match="row length"):
     collate(rs, 1, pad_to=4)
   m = batch_metrics(rs, 1)
   assert m["outcome/tool_timeout"] == 2 and m["errors/world_crash"] == 1
-  assert set(f"errors/{c}" for c in E.ERROR_CLASSES) <= set(m)
+  assert set(f"errors/{c}" for c in errors.ERROR_CLASSES) <= set(m)
 
 
 def test_batch_metrics_report_mean_seconds_per_episode_by_kind():
-  a, b = _res(0, E.OK), _res(0, E.OK)
+  a, b = _res(0, errors.OK), _res(0, errors.OK)
   a.timing = {"model": 2.0, "tool": 1.0, "total": 3.5, "harness": 0.5}
   b.timing = {"model": 4.0, "world_start": 2.0, "total": 6.5, "harness": 0.5}
   m = batch_metrics([a, b])

@@ -1,6 +1,7 @@
 """How the agent pool hands episodes to workers: warm worlds first, then worlds nobody holds."""
 import os
 
+from configs import base
 from envs.harness.pool import _take, world_start_slots
 from envs.harness.world import Episode
 
@@ -55,7 +56,6 @@ def test_world_start_slots_default_scales_with_usable_cores_and_explicit_values_
 
 
 def test_base_config_world_start_gate_is_four_on_a_two_core_host():
-  from configs import base
   assert base.get_config().harness.max_world_starts == -1
   if len(os.sched_getaffinity(0)) == 2:
     assert world_start_slots(base.get_config().harness.max_world_starts) == 4

@@ -1,19 +1,27 @@
 """Worlds: determinism, real files that independent readers open, splits, oracle/null policies."""
 import collections
+import concurrent.futures
 import filecmp
 import json
 import os
 import random
+import shutil
 import tempfile
 
+import docx
+import ml_collections
+import openpyxl
+import pptx
+import pypdf
 import pytest
 
 from configs import base
-from envs import evaluate
+from envs import scripted_eval
 from envs import tasks as tasks_lib
 from envs import worlds
 from envs.apps import gateway as gateway_lib
 from envs.apps import worldstate
+from envs.harness import harness_eval
 from envs.worlds import render
 from envs.worlds import spec as spec_lib
 
@@ -75,10 +83,6 @@ def test_world_count_and_contents(envs_cfg, worlds_root):
 
 @pytest.mark.parametrize("domain", worlds.DOMAINS)
 def test_files_open_with_independent_readers_and_hold_facts(envs_cfg, worlds_root, domain):
-  import docx
-  import openpyxl
-  import pptx
-  import pypdf
   spec = worlds.spec_for(envs_cfg, domain, 2)
   root = os.path.join(worlds_root, spec["world_id"])
   v = spec_lib.VOCAB[domain]
@@ -156,13 +160,12 @@ def _by_domain(outcomes):
 def _null_then_oracle(args):
   """Runs, per task of one world, the null episode then the oracle episode (in-process tools)."""
   cfg_dict, root, work, task_jsons = args
-  import ml_collections
   envs_cfg = ml_collections.ConfigDict(cfg_dict)
   ts = [tasks_lib.Task.from_json(j) for j in task_jsons]
   inst = worldstate.WorldInstance(os.path.join(root, ts[0].world_id), work)
   gw = gateway_lib.LocalGateway(inst.path, envs_cfg)
-  out = [(evaluate.run_episode(t, gw, inst, envs_cfg, "null"),
-          evaluate.run_episode(t, gw, inst, envs_cfg, "oracle")) for t in ts]
+  out = [(scripted_eval.run_episode(t, gw, inst, envs_cfg, "null"),
+          scripted_eval.run_episode(t, gw, inst, envs_cfg, "oracle")) for t in ts]
   inst.close()
   return out
 
@@ -174,7 +177,6 @@ def test_oracle_solves_and_null_fails_every_task_in_process(envs_cfg, worlds_roo
 
   One working copy per world, reset before each episode; worlds spread over two processes.
   """
-  import concurrent.futures
   by_world = collections.defaultdict(list)
   for t in splits[split]:
     by_world[t.world_id].append(t.to_json())
@@ -205,29 +207,28 @@ def _sample(ts, per_cell, seed=0):
 
 def test_oracle_and_null_through_real_mcp_gateways_sample(envs_cfg, worlds_root, splits):
   sample = _sample(splits["eval"], 3) + _sample(splits["train"], 2, seed=1)
-  oracle = evaluate.run_tasks(sample, envs_cfg, "oracle", "mcp", 2, worlds_root)
+  oracle = scripted_eval.run_tasks(sample, envs_cfg, "oracle", "mcp", 2, worlds_root)
   assert all(o.passed and not o.errors for o in oracle), [(o.task_id, o.errors) for o in oracle
                                                          if not o.passed or o.errors]
   assert {o.domain for o in oracle} == set(worlds.DOMAINS)
   assert {o.level for o in oracle} == {1, 2, 3}
-  null = evaluate.run_tasks(sample, envs_cfg, "null", "mcp", 2, worlds_root)
+  null = scripted_eval.run_tasks(sample, envs_cfg, "null", "mcp", 2, worlds_root)
   assert not any(o.passed for o in null)
 
 
 def test_oracle_notices_a_corrupted_world(envs_cfg, worlds_root, splits, tmp_path):
   """The oracle checks facts in tool output: change a document and it must notice."""
-  import shutil
   t = next(t for t in splits["eval"] if t.family == "xlsx_lookup")
   bad_root = tmp_path / "root"
   shutil.copytree(os.path.join(worlds_root, t.world_id), bad_root / t.world_id)
   path = bad_root / t.world_id / "files" / t.oracle_steps[0]["args"]["path"].lstrip("/")
   render.write_xlsx(str(path), {"Financials": [["Metric", "FY2021"], ["Revenue", 1]],
                                 "KPIs": [["x"]], "Matter": [["x"]]})
-  out = evaluate.run_tasks([t], envs_cfg, "oracle", "local", 1, str(bad_root))
+  out = scripted_eval.run_tasks([t], envs_cfg, "oracle", "local", 1, str(bad_root))
   assert "oracle_expectation" in out[0].errors
   # And a wrong final answer fails the rubric.
   wrong = tasks_lib.Task(**{**t.__dict__, "oracle_answer": "12345678"})
-  out = evaluate.run_tasks([wrong], envs_cfg, "oracle", "local", 1, worlds_root)
+  out = scripted_eval.run_tasks([wrong], envs_cfg, "oracle", "local", 1, worlds_root)
   assert not out[0].passed and out[0].reward == 0.0
 
 
@@ -237,16 +238,21 @@ def test_eval_main_prints_json_last_line(envs_cfg, worlds_root, capsys):
   cfg.eval.max_tasks = 12
   cfg.eval.transport = "local"
   cfg.policy = "null"
-  evaluate.main(cfg)
+  scripted_eval.main(cfg)
   last = capsys.readouterr().out.strip().splitlines()[-1]
   out = json.loads(last)
   assert set(out) == {"pass_at_1", "mean_reward", "by_domain", "errors"}
   assert out["pass_at_1"] == 0.0
-  import importlib.util
-  if importlib.util.find_spec("envs.harness.evaluate") is None:
-    cfg.policy = "model"
-    with pytest.raises(NotImplementedError, match="envs.harness.evaluate"):
-      evaluate.main(cfg)
+
+
+def test_eval_main_hands_the_model_policy_to_the_harness_eval(monkeypatch):
+  """config.policy=model runs through the agent harness (envs/harness/harness_eval.py)."""
+  calls = []
+  monkeypatch.setattr(harness_eval, "main", lambda config, flags=None: calls.append(config) or {})
+  cfg = base.get_config()
+  cfg.policy = "model"
+  assert scripted_eval.main(cfg) == {}
+  assert calls == [cfg]
 
 
 @pytest.mark.slow
@@ -255,8 +261,8 @@ def test_full_splits_through_real_mcp(envs_cfg, worlds_root, splits):
   for split in tasks_lib.SPLITS:
     ts = splits[split]
     for policy, want in (("oracle", 1.0), ("null", 0.0)):
-      outs = evaluate.run_tasks(ts, envs_cfg, policy, "mcp", 4, worlds_root)
-      s = evaluate.summarize(outs)
+      outs = scripted_eval.run_tasks(ts, envs_cfg, policy, "mcp", 4, worlds_root)
+      s = scripted_eval.summarize(outs, ts, resamples=200)
       print(split, policy, json.dumps(s))
       for o in outs:
         if o.errors:

@@ -1,4 +1,5 @@
-"""The harness against the real worlds: MCP gateways, generated tasks, rubric graders.
+"""The harness against the real worlds (envs/harness/episodes.py): MCP gateways, generated tasks,
+rubric graders.
 
 The oracle runs as a token-level policy (its tool calls written as Qwen3.5 text and
 tokenized) through the process pool; every task must pass. By default a sample of tasks of
@@ -15,13 +16,14 @@ from configs import base
 from configs import tiny_cpu
 from envs import tasks as tasks_lib
 from envs import worlds
-from envs.harness import errors as E
+from envs.harness import errors
+from envs.harness import harness_eval
 from envs.harness.batch import batch_metrics
 from envs.harness.batch import collate
+from envs.harness.episodes import task_episodes
 from envs.harness.oracle import OraclePolicy
 from envs.harness.oracle import oracle_factory
 from envs.harness.pool import AgentPool
-from envs.harness.worlds import task_episodes
 
 SAMPLE_WORLDS = {"eval": ("in00", "co00"), "train": ("ma03",)}
 
@@ -111,8 +113,8 @@ def test_gateway_killed_mid_episode_is_a_world_crash(sample):
   healthy = [t for t in tasks if len(t.oracle_steps) == 1][:2]
   factory = functools.partial(_killer_factory, tuple(t.to_json() for t in multi + healthy))
   results = _run(c, multi + healthy, factory)
-  assert results[0].outcome == E.WORLD_CRASH, (results[0].outcome, results[0].detail)
-  assert all(r.outcome == E.OK and r.passed for r in results[1:])
+  assert results[0].outcome == errors.WORLD_CRASH, (results[0].outcome, results[0].detail)
+  assert all(r.outcome == errors.OK and r.passed for r in results[1:])
 
 
 class _BetweenEpisodesKiller(OraclePolicy):
@@ -138,7 +140,7 @@ def test_dead_cached_gateway_is_replaced(sample):
   same_world = [t for t in tasks if t.world_id == tasks[0].world_id][:3]
   factory = functools.partial(_between_factory, tuple(t.to_json() for t in same_world))
   results = _run(c, same_world, factory)
-  assert all(r.outcome == E.OK and r.passed for r in results), [
+  assert all(r.outcome == errors.OK and r.passed for r in results), [
       (r.outcome, r.detail) for r in results]
 
 
@@ -154,12 +156,11 @@ def test_token_level_oracle_full_splits(tmp_path_factory):
 
 
 def test_harness_eval_summary_counts_passes_by_domain_and_outcome(sample):
-  from envs.harness import evaluate as harness_evaluate
   c, tasks = sample
   picked = [next(t for t in tasks if t.split == "eval"), next(t for t in tasks if t.split == "train")]
   results = (_run(c, picked, oracle_factory([t.to_json() for t in picked]))
-             + _run(c, picked, harness_evaluate.policy_factory(_with_policy(c, "null"), picked)))
-  s = harness_evaluate.summarize(results)
+             + _run(c, picked, harness_eval.policy_factory(_with_policy(c, "null"), picked)))
+  s = harness_eval.summarize(results, picked, resamples=200)
   assert (s["n"], s["pass_at_1"], s["mean_reward"]) == (4, 0.5, 0.5)
   domains = {t.domain for t in picked}
   assert set(s["by_domain"]) == domains

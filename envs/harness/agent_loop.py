@@ -16,7 +16,7 @@ import traceback
 from typing import Any
 
 from envs.chat.format import ChatFormat
-from envs.harness import errors as E
+from envs.harness import errors
 from envs.harness.errors import CallTimeout
 from envs.harness.errors import EpisodeError
 from envs.harness.errors import ToolTimeout
@@ -85,13 +85,13 @@ class _Clock:
     episode deadline was the binding one, `episode_timeout`."""
     left = self.remaining()
     if left <= 0:
-      raise EpisodeError(E.EPISODE_TIMEOUT, f"no time left before {what}")
+      raise EpisodeError(errors.EPISODE_TIMEOUT, f"no time left before {what}")
     t0 = time.monotonic()
     try:
       return call_with_timeout(fn, min(limit_s, left), what)
     except CallTimeout as e:
       if left < limit_s:
-        raise EpisodeError(E.EPISODE_TIMEOUT, f"episode deadline reached during {what}") from e
+        raise EpisodeError(errors.EPISODE_TIMEOUT, f"episode deadline reached during {what}") from e
       raise EpisodeError(on_timeout, str(e)) from e
     finally:
       self.spent[kind] = self.spent.get(kind, 0.0) + time.monotonic() - t0
@@ -107,16 +107,16 @@ def _schemas(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def _check_sample(ids, logprobs, finish, max_tokens: int, vocab_size: int) -> None:
   if finish not in FINISH_REASONS:
-    raise EpisodeError(E.ENGINE_ERROR, f"unknown finish reason {finish!r}")
+    raise EpisodeError(errors.ENGINE_ERROR, f"unknown finish reason {finish!r}")
   if not ids:
-    raise EpisodeError(E.ENGINE_ERROR, "the engine returned no tokens")
+    raise EpisodeError(errors.ENGINE_ERROR, "the engine returned no tokens")
   if len(ids) != len(logprobs):
-    raise EpisodeError(E.ENGINE_ERROR, f"{len(ids)} ids but {len(logprobs)} logprobs")
+    raise EpisodeError(errors.ENGINE_ERROR, f"{len(ids)} ids but {len(logprobs)} logprobs")
   if len(ids) > max_tokens:
-    raise EpisodeError(E.ENGINE_ERROR, f"{len(ids)} ids returned for max_tokens={max_tokens}")
+    raise EpisodeError(errors.ENGINE_ERROR, f"{len(ids)} ids returned for max_tokens={max_tokens}")
   bad = [i for i in ids if not 0 <= int(i) < vocab_size]
   if bad:
-    raise EpisodeError(E.ENGINE_ERROR, f"out-of-vocabulary ids {bad[:5]}")
+    raise EpisodeError(errors.ENGINE_ERROR, f"out-of-vocabulary ids {bad[:5]}")
 
 
 def run_episode(episode: Episode, policy, fmt: ChatFormat, s: LoopSettings,
@@ -134,9 +134,9 @@ def run_episode(episode: Episode, policy, fmt: ChatFormat, s: LoopSettings,
   """
   clock = _Clock(s.episode_timeout_s)
   res = EpisodeResult(task_id=episode.task_id, group_id=episode.group_id,
-                      sample_index=episode.sample_index, outcome=E.HARNESS_BUG,
+                      sample_index=episode.sample_index, outcome=errors.HARNESS_BUG,
                       worker_pid=os.getpid(), meta=dict(episode.meta))
-  events = {k: 0 for k in E.EVENTS}
+  events = {k: 0 for k in errors.EVENTS}
   traj = None
   world = None
   answer = None
@@ -147,19 +147,20 @@ def run_episode(episode: Episode, policy, fmt: ChatFormat, s: LoopSettings,
       gated = start_gate.acquire(timeout=max(clock.remaining(), 0.0))
       clock.spent["start_queue"] = time.monotonic() - t0
       if not gated:
-        raise EpisodeError(E.EPISODE_TIMEOUT, "no time left waiting for a world-start slot")
+        raise EpisodeError(errors.EPISODE_TIMEOUT, "no time left waiting for a world-start slot")
     try:
       world = clock.guarded("world_start", episode.world.start, s.world_start_timeout_s,
-                            E.WORLD_CRASH, "world start")
+                            errors.WORLD_CRASH, "world start")
       tools = clock.guarded("world_start", world.tools, s.world_start_timeout_s,
-                            E.WORLD_CRASH, "list tools")
+                            errors.WORLD_CRASH, "list tools")
     except EpisodeError:
       # A start abandoned mid-way may still bring up a world process nobody will close:
       # the agent process is recycled, which takes the process group down with it.
       res.tainted = True
       raise
     except Exception as e:  # noqa: BLE001 - any failure to start is the world's
-      raise EpisodeError(E.WORLD_CRASH, f"world failed to start: {type(e).__name__}: {e}") from e
+      raise EpisodeError(errors.WORLD_CRASH,
+                         f"world failed to start: {type(e).__name__}: {e}") from e
     finally:
       if gated:
         start_gate.release()
@@ -170,31 +171,31 @@ def run_episode(episode: Episode, policy, fmt: ChatFormat, s: LoopSettings,
     repairs = nudges = 0
     while True:
       if res.turns >= s.max_turns:
-        raise EpisodeError(E.MAX_TURNS, f"{res.turns} turns without a final answer")
+        raise EpisodeError(errors.MAX_TURNS, f"{res.turns} turns without a final answer")
       left = s.max_context - len(traj)
       if left <= 0:
-        raise EpisodeError(E.CONTEXT_OVERFLOW, f"context full ({len(traj)} tokens)")
+        raise EpisodeError(errors.CONTEXT_OVERFLOW, f"context full ({len(traj)} tokens)")
       max_tokens = min(s.max_tokens_per_turn, left)
       prompt = traj.ids()
       try:
         ids, logprobs, finish = clock.guarded(
             "model", lambda: policy.generate(prompt, sampling, max_tokens, fmt.stop_ids),
-            s.model_timeout_s, E.ENGINE_ERROR, "model call")
+            s.model_timeout_s, errors.ENGINE_ERROR, "model call")
       except EpisodeError as e:
         res.tainted = True  # the abandoned call may still hold a connection or a thread
         raise e
       except Exception as e:  # noqa: BLE001 - the engine's failures are engine errors
-        raise EpisodeError(E.ENGINE_ERROR, f"{type(e).__name__}: {e}") from e
+        raise EpisodeError(errors.ENGINE_ERROR, f"{type(e).__name__}: {e}") from e
       _check_sample(ids, logprobs, finish, max_tokens, fmt.tok.vocab_size)
       traj.append_sampled(ids, logprobs)
       res.turns += 1
       turn = fmt.parse(ids, schemas)
       if finish == FINISH_LENGTH and max_tokens == left:
-        raise EpisodeError(E.CONTEXT_OVERFLOW, f"turn {res.turns} cut by the context limit")
+        raise EpisodeError(errors.CONTEXT_OVERFLOW, f"turn {res.turns} cut by the context limit")
       results: list[str] = []
       unknown = [c.name for c in turn.tool_calls if c.name not in schemas]
       if turn.error is not None or unknown:
-        kind = E.BAD_TOOL_CALL if turn.error is not None else E.UNKNOWN_TOOL
+        kind = errors.BAD_TOOL_CALL if turn.error is not None else errors.UNKNOWN_TOOL
         events[kind] += 1
         if repairs >= s.repair_attempts:
           why = turn.error.reason if turn.error is not None else f"unknown tool(s) {unknown}"
@@ -208,25 +209,25 @@ def run_episode(episode: Episode, policy, fmt: ChatFormat, s: LoopSettings,
                                                 tools=", ".join(sorted(schemas)))]
       elif not turn.tool_calls:
         answer = turn.content
-        res.outcome = E.OK
+        res.outcome = errors.OK
         traj.append_context(fmt.close_turn_ids(ids))
         break
       else:
         for call in turn.tool_calls:
           try:
             out = clock.guarded("tool", lambda c=call: world.call_tool(c.name, c.arguments),
-                                s.tool_timeout_s, E.TOOL_TIMEOUT, f"tool {call.name}")
+                                s.tool_timeout_s, errors.TOOL_TIMEOUT, f"tool {call.name}")
           except WorldCrashed as e:
-            raise EpisodeError(E.WORLD_CRASH, f"during tool {call.name}: {e}") from e
+            raise EpisodeError(errors.WORLD_CRASH, f"during tool {call.name}: {e}") from e
           except EpisodeError as e:
-            if e.outcome == E.TOOL_TIMEOUT:
-              events[E.TOOL_TIMEOUT] += 1
+            if e.outcome == errors.TOOL_TIMEOUT:
+              events[errors.TOOL_TIMEOUT] += 1
             raise
           except ToolTimeout as e:
-            events[E.TOOL_TIMEOUT] += 1
-            raise EpisodeError(E.TOOL_TIMEOUT, f"tool {call.name}: {e}") from e
+            events[errors.TOOL_TIMEOUT] += 1
+            raise EpisodeError(errors.TOOL_TIMEOUT, f"tool {call.name}: {e}") from e
           if out.is_error:
-            events[E.TOOL_ERROR] += 1
+            events[errors.TOOL_ERROR] += 1
           results.append(out.text)
       obs = fmt.observation_ids(ids, results)
       left_next = s.max_context - len(traj) - len(obs)
@@ -241,28 +242,29 @@ def run_episode(episode: Episode, policy, fmt: ChatFormat, s: LoopSettings,
       if len(traj) + len(obs) >= s.max_context:
         # Ends here rather than after appending: the trajectory (trained, reward 0) must still
         # fit the context, and so the training row.
-        raise EpisodeError(E.CONTEXT_OVERFLOW, f"tool output of {len(obs)} tokens leaves no room "
+        raise EpisodeError(errors.CONTEXT_OVERFLOW,
+                           f"tool output of {len(obs)} tokens leaves no room "
                            f"in the context ({len(traj)} of {s.max_context} used)")
       traj.append_context(obs)
   except EpisodeError as e:
     res.outcome, res.detail = e.outcome, e.detail
   except Exception as e:  # noqa: BLE001 - the taxonomy's catch-all, with the evidence
-    res.outcome = E.HARNESS_BUG
+    res.outcome = errors.HARNESS_BUG
     res.detail = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}"
-  if res.outcome in E.GRADED and world is not None:
+  if res.outcome in errors.GRADED and world is not None:
     try:
       g = clock.guarded("grade", lambda: world.grade(answer or ""), s.grade_timeout_s,
-                        E.HARNESS_BUG, "grading")
+                        errors.HARNESS_BUG, "grading")
       res.reward, res.passed, res.grade_details = float(g.reward), bool(g.passed), g.details
     except EpisodeError as e:
       res.outcome, res.detail = e.outcome, e.detail
     except Exception as e:  # noqa: BLE001
-      res.outcome, res.detail = E.HARNESS_BUG, f"grading failed: {type(e).__name__}: {e}"
+      res.outcome, res.detail = errors.HARNESS_BUG, f"grading failed: {type(e).__name__}: {e}"
   if world is not None:
     t0 = time.monotonic()
     try:
       # close() kills the world process; it also unblocks any abandoned tool call.
-      reuse = res.outcome in E.MODEL_OUTCOMES or res.outcome == E.ENGINE_ERROR
+      reuse = res.outcome in errors.MODEL_OUTCOMES or res.outcome == errors.ENGINE_ERROR
       call_with_timeout(lambda: world.close(reuse=reuse), 10.0, "world close")
     except Exception:  # noqa: BLE001 - a world that will not close taints the process
       res.tainted = True

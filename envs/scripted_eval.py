@@ -5,16 +5,18 @@
 
 Policies: `oracle` replays each task's oracle tool calls through the world's gateway and checks
 that every fact it relies on appears in the tool output; `null` calls no tool and answers "".
-`model` runs a served policy through the harness (envs.harness), not here.
+`model` runs a served policy through the harness: `main` hands it to
+envs/harness/harness_eval.py.
 
 Episodes of one world share a gateway process and a working copy that is reset between
 episodes; `eval.concurrency` episodes run at once (threads driving gateway processes).
-The last printed line is one JSON object: pass_at_1, mean_reward, by_domain, errors.
+Prints pass@1 and mean reward per domain, over all tasks with their bootstrap intervals and per
+task family (envs/eval_summary.py), and the error counts. The last printed line is one JSON
+object: pass_at_1, mean_reward, by_domain, errors.
 """
 import collections
 import concurrent.futures
 import dataclasses
-import json
 import os
 import shutil
 import sys
@@ -23,10 +25,12 @@ import threading
 import time
 import traceback
 
+from envs import eval_summary
 from envs import tasks as tasks_lib
 from envs import worlds
 from envs.apps import gateway as gateway_lib
 from envs.apps import worldstate
+from envs.harness import harness_eval
 from envs.tasks import rubric
 
 POLICIES = ("oracle", "null", "model")
@@ -44,6 +48,11 @@ class EpisodeOutcome:
   wall_s: float
   criteria: list          # [(description, passed)]
   detail: str = ""        # what went wrong first (tool name and the head of its output)
+
+  @property
+  def outcome(self) -> str:
+    """The first error kind met in the episode, or "ok" (eval_summary's outcome counts)."""
+    return self.errors[0] if self.errors else "ok"
 
 
 def scripted_actions(task, policy: str):
@@ -165,23 +174,13 @@ def run_tasks(task_list, envs_cfg, policy: str, transport: str, concurrency: int
   return sorted(results, key=lambda o: order[o.task_id])
 
 
-def pass_and_reward(items, domain_of) -> dict:
-  """n, pass_at_1 and mean_reward over `items` (anything with .passed and .reward), and the
-  same per domain (`domain_of(item)`) under by_domain. Shared by both eval paths."""
-  def agg(xs):
-    n = len(xs)
-    return dict(n=n, pass_at_1=sum(x.passed for x in xs) / max(n, 1),
-                mean_reward=sum(x.reward for x in xs) / max(n, 1))
-  by_domain = collections.defaultdict(list)
-  for x in items:
-    by_domain[domain_of(x)].append(x)
-  return dict(agg(items), by_domain={d: agg(v) for d, v in sorted(by_domain.items())})
-
-
-def summarize(outcomes: list) -> dict:
-  """pass_at_1, mean_reward, by_domain{domain: {n, pass_at_1, mean_reward}}, errors{kind: n}."""
-  errors = collections.Counter(e for o in outcomes for e in o.errors)
-  return dict(pass_and_reward(outcomes, lambda o: o.domain), errors=dict(errors))
+def summarize(outcomes: list, tasks: list, resamples: int, seed: int = 0) -> dict:
+  """eval_summary's summary of the outcomes over `tasks` (pass@1 and mean reward with their
+  intervals, per family, per domain: by_domain{domain: {n, pass_at_1, mean_reward}}) and
+  errors{kind: n}."""
+  s = eval_summary.summarize_by_domain(outcomes, tasks, lambda o: o.domain, resamples, seed)
+  s["errors"] = dict(collections.Counter(e for o in outcomes for e in o.errors))
+  return s
 
 
 def main(config, flags=None):
@@ -189,13 +188,7 @@ def main(config, flags=None):
   if policy not in POLICIES:
     raise ValueError(f"config.policy must be one of {POLICIES}, got {policy!r}")
   if policy == "model":
-    try:
-      from envs.harness import evaluate as harness_evaluate  # noqa: F401
-    except ModuleNotFoundError as e:
-      raise NotImplementedError(
-          "config.policy=model runs a served policy through the agent harness: it needs "
-          "envs.harness.evaluate.main(config, flags), which this checkout does not have") from e
-    return harness_evaluate.main(config, flags)
+    return harness_eval.main(config, flags)
   envs_cfg = config.envs
   t0 = time.monotonic()
   root = worlds.ensure_worlds(envs_cfg)
@@ -210,12 +203,9 @@ def main(config, flags=None):
   outcomes = run_tasks(task_list, envs_cfg, policy, config.eval.transport,
                        config.eval.concurrency, root)
   dt = time.monotonic() - t1
-  s = summarize(outcomes)
-  for d, v in s["by_domain"].items():
-    print(f"{d:24s} n={v['n']:4d}  pass@1={v['pass_at_1']:.4f}  mean_reward={v['mean_reward']:.4f}")
-  print(f"{'all':24s} n={s['n']:4d}  pass@1={s['pass_at_1']:.4f}  mean_reward={s['mean_reward']:.4f}"
-        f"  ({dt:.1f}s, {len(outcomes) / max(dt, 1e-9):.2f} episodes/s)")
+  s = summarize(outcomes, task_list, config.loop.bootstrap, config.seed)
+  for line in eval_summary.format_eval(f"{config.eval.split} split", s, dt):
+    print(line)
   print("errors: " + (", ".join(f"{k}={v}" for k, v in sorted(s["errors"].items())) or "none"))
-  print(json.dumps(dict(pass_at_1=s["pass_at_1"], mean_reward=s["mean_reward"],
-                        by_domain=s["by_domain"], errors=s["errors"])), flush=True)
+  print(eval_summary.eval_json(s), flush=True)
   return s

@@ -1,4 +1,5 @@
-"""The agent worlds (envs.worlds, envs.apps, envs.tasks) behind the harness's World interface.
+"""Episodes of tasks for the harness (`task_episodes`): the agent worlds (envs.worlds, envs.apps,
+envs.tasks) behind the harness's World interface.
 
 A `GatewayWorldSpec` carries one task to an agent-loop process. There it gets a working copy
 of the task's world and a stdio MCP gateway process (envs.apps.gateway.Gateway). The pair is
@@ -14,6 +15,9 @@ from typing import Any
 
 import ml_collections
 
+from envs import tasks as tasks_lib
+from envs.apps.gateway import Gateway
+from envs.apps.worldstate import WorldInstance
 from envs.harness.errors import ToolTimeout
 from envs.harness.errors import WorldCrashed
 from envs.harness.world import Episode
@@ -48,7 +52,6 @@ class GatewayWorldSpec:
   tool_timeout_s: float = 30.0
 
   def start(self) -> "GatewayWorld":
-    from envs import tasks as tasks_lib
     work_root = self.work_root or tempfile.gettempdir()
     _once_per_process(work_root)
     task = tasks_lib.Task.from_json(self.task_json)
@@ -66,8 +69,6 @@ class GatewayWorldSpec:
         return world
       except Exception:  # noqa: BLE001 - a broken cached world is replaced below
         _close(inst, gw)
-    from envs.apps.gateway import Gateway
-    from envs.apps.worldstate import WorldInstance
     work = os.path.join(work_root, f"{_PREFIX}{os.getpid()}-{task.world_id}")
     inst = WorldInstance(os.path.join(self.worlds_root, task.world_id), work)
     try:
@@ -122,7 +123,6 @@ class GatewayWorld:
     return ToolResult(r.text, r.is_error)
 
   def grade(self, final_answer: str) -> Grade:
-    from envs import tasks as tasks_lib
     g = tasks_lib.grade(self.task, final_answer, self.inst.pristine, self.inst.path, self.cfg)
     return Grade(g.reward, g.passed, {"criteria": [
         dataclasses.asdict(r) if dataclasses.is_dataclass(r) else str(r) for r in g.results]})

@@ -5,21 +5,29 @@
 
 Every episode runs in an agent-loop process of the pool, token-in/token-out, against the
 task's world (MCP gateway) and is graded by its rubric. Policies:
-  model   the Qwen3.5 policy: `harness.policy_backend` = jetstream (the token client of
-          rl/rollout, talking to the server at rollout.address: `launch.py --mode=serve`) or
-          local (in-process reference decode of config.model, random init);
+  model   the Qwen3.5 policy: `harness.policy_backend` = jetstream (the token client,
+          envs/harness/jetstream_client.py, talking to the server at rollout.address:
+          `launch.py --mode=serve`) or local (in-process reference decode of config.model,
+          random init);
   oracle  the token-level oracle (its tool calls written as Qwen3.5 text, tokenized);
   null    answers at once, calling no tool.
-Prints pass@1 and mean reward per domain, the error taxonomy counts, and as its last line
+Prints pass@1 and mean reward per domain, over all tasks with their bootstrap intervals and per
+task family (envs/eval_summary.py), the outcome and error taxonomy counts, and as its last line
 one JSON object with keys pass_at_1, mean_reward, by_domain, errors.
 """
 import functools
-import json
 import time
 
-from envs.evaluate import pass_and_reward
-from envs.harness import errors as E
+from envs import eval_summary
+from envs import tasks as tasks_lib
+from envs import worlds
+from envs.harness import errors
 from envs.harness.batch import batch_metrics
+from envs.harness.episodes import task_episodes
+from envs.harness.jetstream_client import TokenClient
+from envs.harness.jetstream_client import jetstream_policy_factory
+from envs.harness.jetstream_client import server_addresses
+from envs.harness.oracle import oracle_factory
 from envs.harness.policy import Action
 from envs.harness.policy import ScriptedPolicy
 from envs.harness.pool import AgentPool
@@ -35,19 +43,17 @@ class NullPolicy(ScriptedPolicy):
 def policy_factory(config, tasks):
   """The picklable `ChatFormat -> Policy` factory named by config.policy."""
   if config.policy == "oracle":
-    from envs.harness.oracle import oracle_factory
     return oracle_factory([t.to_json() for t in tasks])
   if config.policy == "null":
     return functools.partial(NullPolicy)
   if config.policy == "model":
     backend = config.harness.policy_backend
     if backend == "local":
-      from envs.harness.local_model import local_model_factory
+      # local_model imports JAX, which only this backend needs (not the scripted policies, not
+      # a served model).
+      from envs.harness.local_model import local_model_factory  # lazy: JAX, local backend only
       return local_model_factory(config)
     if backend == "jetstream":
-      from rl.rollout.client import TokenClient
-      from rl.rollout.client import jetstream_policy_factory
-      from rl.rollout.client import server_addresses
       for address in server_addresses(config):
         probe = TokenClient(address)
         try:
@@ -62,19 +68,19 @@ def policy_factory(config, tasks):
   raise ValueError(f"unknown policy {config.policy!r} (model | oracle | null)")
 
 
-def summarize(results) -> dict:
-  """pass@1 and mean reward, overall and per domain, and the taxonomy counts."""
+def summarize(results, tasks, resamples: int, seed: int = 0) -> dict:
+  """eval_summary's summary of the results over `tasks` (pass@1 and mean reward with their
+  intervals, per family, per domain), the outcomes in taxonomy order and the error counts."""
+  s = eval_summary.summarize_by_domain(results, tasks, lambda r: r.meta.get("domain", ""),
+                                       resamples, seed)
   m = batch_metrics(results)
-  errors = {c: int(m[f"errors/{c}"]) for c in E.ERROR_CLASSES if m[f"errors/{c}"]}
-  return dict(pass_and_reward(results, lambda r: r.meta.get("domain", "")), errors=errors,
-              outcomes={o: int(m[f"outcome/{o}"]) for o in E.OUTCOMES if m[f"outcome/{o}"]})
+  s["errors"] = {c: int(m[f"errors/{c}"]) for c in errors.ERROR_CLASSES if m[f"errors/{c}"]}
+  s["outcomes"] = {o: s["outcomes"][o] for o in errors.OUTCOMES if s["outcomes"].get(o)}
+  return s
 
 
 def main(config, flags=None):
   del flags
-  from envs import tasks as tasks_lib
-  from envs import worlds
-  from envs.harness.worlds import task_episodes
   t0 = time.monotonic()
   tasks = tasks_lib.load_split(config.envs, config.eval.split)
   if config.eval.max_tasks:
@@ -90,16 +96,12 @@ def main(config, flags=None):
     results = pool.run(episodes)
     deaths = list(pool.deaths)
   dt = time.monotonic() - t1
-  s = summarize(results)
-  for d, v in s["by_domain"].items():
-    print(f"{d:24s} n={v['n']:4d}  pass@1={v['pass_at_1']:.4f}  mean_reward={v['mean_reward']:.4f}")
-  print(f"{'all':24s} n={s['n']:4d}  pass@1={s['pass_at_1']:.4f}  "
-        f"mean_reward={s['mean_reward']:.4f}  ({dt:.1f}s, {len(results) / max(dt, 1e-9):.2f} "
-        "episodes/s)")
+  s = summarize(results, tasks, config.loop.bootstrap, config.seed)
+  for line in eval_summary.format_eval(f"{config.eval.split} split", s, dt):
+    print(line)
   print("outcomes: " + ", ".join(f"{k}={v}" for k, v in s["outcomes"].items()))
   print("errors: " + (", ".join(f"{k}={v}" for k, v in s["errors"].items()) or "none"))
   if deaths:
     print(f"agent processes lost and replaced: {len(deaths)}")
-  print(json.dumps(dict(pass_at_1=s["pass_at_1"], mean_reward=s["mean_reward"],
-                        by_domain=s["by_domain"], errors=s["errors"])), flush=True)
+  print(eval_summary.eval_json(s), flush=True)
   return s
