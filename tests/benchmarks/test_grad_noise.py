@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "rl"))
 
 import grad_noise  # noqa: E402
 import train_utils  # noqa: E402
-from models import sharding as shd  # noqa: E402
+from models import sharding  # noqa: E402
 from rl.train_step import TrainStep  # noqa: E402
 
 
@@ -41,12 +41,12 @@ def test_pure_noise_gives_no_direction_and_a_large_lower_bound():
 def test_per_group_gradients_sum_to_the_batch_gradient():
   c = train_utils.small_config(**{"train.prompts_per_step": 3})
   c.mesh.shape = (1, 1, 1, 1)             # a group's 4 rows on one device
-  step_fn = TrainStep(c, shd.make_mesh(c.mesh, devices=jax.devices()[:1]))
+  step_fn = TrainStep(c, sharding.make_mesh(c.mesh, devices=jax.devices()[:1]))
   params = step_fn.init_state(jax.random.key(0))["params"]
   batch = train_utils.make_batch(c, params)
   g, groups = grad_noise.per_group_grads(step_fn, params, batch)
   assert len(groups) == 3 and g.shape[0] == 3
-  with shd.use_mesh(step_fn.mesh, step_fn.rules):
+  with sharding.use_mesh(step_fn.mesh, step_fn.rules):
     prepared, _ = step_fn.prepare(params, batch)
     whole = step_fn.loss_and_grads(params, step_fn.add_weights(prepared))[1]
   whole = np.asarray(ravel_pytree(whole)[0], np.float64)

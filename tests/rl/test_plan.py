@@ -1,5 +1,7 @@
 """Memory planner (launch.py --mode=plan): the attention-score term follows the attention
 strategy the model config picks."""
+import importlib
+
 import pytest
 
 from configs import tiny_cpu
@@ -39,7 +41,6 @@ def test_context_parallel_splits_a_rows_activations_over_its_devices():
 
 @pytest.mark.parametrize("name", ["qwen3_5_35b_a3b", "qwen3_5_397b_a17b"])
 def test_full_size_configs_fit_a_row_of_the_whole_context(name):
-  import importlib
   c = importlib.import_module(f"configs.{name}").get_config()
   assert c.train.seq_len >= c.train.max_context
   p = plan.memory_plan(c, c.plan.num_devices, [c.train.seq_len])

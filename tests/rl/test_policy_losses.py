@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from configs import base
-from rl import policy_losses as pl
+from rl import policy_losses
 
 
 def _cfg(**kw):
@@ -29,17 +29,19 @@ def _inputs(seed=0, b=4, t=16, spread=0.8):
 
 
 def _pi(d):
-  return pl.PolicyInputs(jnp.asarray(d["lp"]), jnp.asarray(d["old"]), jnp.asarray(d["roll"]),
-                         jnp.asarray(d["adv"]), jnp.asarray(d["mask"]))
+  return policy_losses.PolicyInputs(jnp.asarray(d["lp"]), jnp.asarray(d["old"]),
+                                    jnp.asarray(d["roll"]), jnp.asarray(d["adv"]),
+                                    jnp.asarray(d["mask"]))
 
 
 def _loss_and_grad(name, d, cfg):
   """Token loss and d(sum of masked loss)/d(logprobs) [batch, seq]."""
-  fn = pl.get_policy_loss(name)
+  fn = policy_losses.get_policy_loss(name)
 
   def total(lp):
     x = _pi(d)
-    x = pl.PolicyInputs(lp, x.old_logprobs, x.rollout_logprobs, x.advantages, x.loss_mask)
+    x = policy_losses.PolicyInputs(lp, x.old_logprobs, x.rollout_logprobs, x.advantages,
+                                   x.loss_mask)
     loss, metrics = fn(x, cfg)
     return jnp.sum(loss * x.loss_mask), (loss, metrics)
 
@@ -48,9 +50,10 @@ def _loss_and_grad(name, d, cfg):
 
 
 def test_registry():
-  assert {"ppo", "gspo", "rollout_is", "dppo_binary_tv"} <= set(pl.available_policy_losses())
+  assert ({"ppo", "gspo", "rollout_is", "dppo_binary_tv"}
+          <= set(policy_losses.available_policy_losses()))
   with pytest.raises(ValueError, match="unknown policy loss"):
-    pl.get_policy_loss("nope")
+    policy_losses.get_policy_loss("nope")
 
 
 @pytest.mark.parametrize("dual_c", [0.0, 3.0])
@@ -135,9 +138,9 @@ def test_dppo_hand_cases():
   a = np.array([[c[0] for c in cases]], np.float32)
   pb = np.log(np.array([[c[1] for c in cases]], np.float32))
   p = np.log(np.array([[c[2] for c in cases]], np.float32))
-  x = pl.PolicyInputs(jnp.asarray(p), jnp.asarray(pb), jnp.asarray(pb), jnp.asarray(a),
-                      jnp.ones_like(jnp.asarray(a)))
-  _, metrics = pl.dppo_binary_tv_loss(x, _cfg())
+  x = policy_losses.PolicyInputs(jnp.asarray(p), jnp.asarray(pb), jnp.asarray(pb),
+                                 jnp.asarray(a), jnp.ones_like(jnp.asarray(a)))
+  _, metrics = policy_losses.dppo_binary_tv_loss(x, _cfg())
   np.testing.assert_array_equal(metrics["clip_frac"][0], [float(c[3]) for c in cases])
 
 
@@ -146,8 +149,8 @@ def test_truncated_importance_sampling(mode):
   d = _inputs(4, b=8)
   d["old"] = (d["roll"] + np.random.default_rng(5).normal(0, 0.5, d["roll"].shape)).astype(np.float32)
   cfg = _cfg(policy_loss="ppo", **{"tis.mode": mode, "tis.cap": 1.2})
-  loss, metrics = pl.compute_policy_loss(_pi(d), cfg)
-  base_loss, _ = pl.ppo_clip_loss(_pi(d), cfg)
+  loss, metrics = policy_losses.compute_policy_loss(_pi(d), cfg)
+  base_loss, _ = policy_losses.ppo_clip_loss(_pi(d), cfg)
   if mode == "token":
     w = np.minimum(np.exp(d["old"] - d["roll"]), 1.2)
   else:
@@ -163,8 +166,8 @@ def test_kl_penalty(est):
   d = _inputs(6)
   ref = (d["lp"] + np.random.default_rng(7).normal(0, 0.3, d["lp"].shape)).astype(np.float32)
   cfg = _cfg(policy_loss="ppo", **{"kl.coef": 0.1, "kl.estimator": est})
-  loss, metrics = pl.compute_policy_loss(_pi(d), cfg, ref_logprobs=jnp.asarray(ref))
-  base_loss, _ = pl.ppo_clip_loss(_pi(d), cfg)
+  loss, metrics = policy_losses.compute_policy_loss(_pi(d), cfg, ref_logprobs=jnp.asarray(ref))
+  base_loss, _ = policy_losses.ppo_clip_loss(_pi(d), cfg)
   if est == "k1":
     kl = d["lp"] - ref
   else:
@@ -174,13 +177,13 @@ def test_kl_penalty(est):
                              atol=1e-6)
   np.testing.assert_allclose(np.asarray(metrics["policy/kl_ref"]), kl, rtol=1e-5, atol=1e-6)
   with pytest.raises(ValueError, match="ref_logprobs"):
-    pl.compute_policy_loss(_pi(d), cfg)
+    policy_losses.compute_policy_loss(_pi(d), cfg)
 
 
 def test_diagnostics():
   d = _inputs(8)
   ent = np.abs(np.random.default_rng(9).normal(size=d["lp"].shape)).astype(np.float32)
-  _, metrics = pl.compute_policy_loss(_pi(d), _cfg(), entropy=jnp.asarray(ent))
+  _, metrics = policy_losses.compute_policy_loss(_pi(d), _cfg(), entropy=jnp.asarray(ent))
   r = np.exp(d["lp"] - d["old"])
   np.testing.assert_allclose(np.asarray(metrics["policy/approx_kl"]), r - 1 - np.log(r),
                              rtol=1e-4, atol=1e-6)

@@ -5,7 +5,7 @@ import numpy as np
 
 from configs import base
 from models import qwen3_5
-from rl import train_step as ts
+from rl import train_step
 
 
 def small_config(**overrides):
@@ -43,7 +43,7 @@ def make_batch(config, params=None, seed=0, prompt_len=6):
   if params is not None:
     mc = qwen3_5.config_from_dict(config.model)
     host_params = jax.device_put(jax.device_get(params), jax.devices()[0])
-    lp, _ = jax.jit(lambda p, x: ts.token_logprobs(mc, p, x, config.rl.temperature))(
+    lp, _ = jax.jit(lambda p, x: train_step.token_logprobs(mc, p, x, config.rl.temperature))(
         host_params, jnp.asarray(tokens))
     lp = np.asarray(lp) + rng.normal(0, 0.01, size=(b, t)).astype(np.float32)
   else:
