@@ -31,10 +31,10 @@ _DRY_RUN = flags.DEFINE_bool("dry_run", False, "With --sweep: print the jobs, ru
 _MODES = {
     "model": "models.inspect_cli:main",
     "plan": "rl.plan:main",
-    "eval": "envs.evaluate:main",
+    "eval": "envs.scripted_eval:main",
     "serve": "rl.rollout.serve:main",
-    "sft": "rl.loop:main_sft",
-    "rl": "rl.loop:main_rl",
+    "sft": "rl.sft:main_sft",
+    "rl": "rl.learner:main_rl",
     "pass_rates": "rl.pass_rates:main",
 }
 

@@ -30,8 +30,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from configs import tiny_cpu  # noqa: E402
-from models import sharding as shd  # noqa: E402
-from rl import train_step as ts  # noqa: E402
+from models import sharding  # noqa: E402
+from rl import train_step  # noqa: E402
 
 
 def _config(seq: int, micro_batches: int, context_parallel: bool):
@@ -47,7 +47,7 @@ def _config(seq: int, micro_batches: int, context_parallel: bool):
   c.model.logits_chunk = 512
   c.rl.filter_zero_variance = False
   if context_parallel:
-    c.mesh.rules = shd.context_parallel_rules(c.mesh.rules, "fsdp")
+    c.mesh.rules = sharding.context_parallel_rules(c.mesh.rules, "fsdp")
   return c
 
 
@@ -74,7 +74,7 @@ def main():
   host_state = None
   for name, micro, cp in arms:
     c = _config(args.seq, micro, cp)
-    step = ts.TrainStep(c, shd.make_mesh(c.mesh), return_grads=True)
+    step = train_step.TrainStep(c, sharding.make_mesh(c.mesh), return_grads=True)
     if host_state is None:
       host_state = jax.device_get(step.init_state(jax.random.key(0)))
     batch = step.shard_batch(_batch(c))

@@ -2,7 +2,7 @@
 
 Level-1 agent tasks are copying tasks at heart (a path from the prompt into a tool call, a
 figure from the tool's output into the answer), so a configuration that cannot learn to copy
-cannot learn them. The rows are the ones SFT mixes in (`rl.loop.copy_drill_batch`,
+cannot learn them. The rows are the ones SFT mixes in (`rl.sft.copy_drill_batch`,
 `sft.copy_drill_rows`): a segment of --length tokens uniform over the ordinary tokens and its
 copy, loss and accuracy on the copy after its first token. With --row_len=2*length the row is
 `x x` (the copy always `length` tokens on); longer rows put segment and copy at random places
@@ -36,7 +36,7 @@ import optax  # noqa: E402
 from configs import tiny_cpu  # noqa: E402
 from envs.chat.tokenizer import ordinary_id_range  # noqa: E402
 from models import qwen3_5  # noqa: E402
-from rl import loop  # noqa: E402
+from rl import sft  # noqa: E402
 
 # name -> model-field overrides on top of configs/tiny_cpu.py.
 VARIANTS = {
@@ -56,22 +56,22 @@ def run_variant(overrides, args):
                     weight_decay=0.01)
   opt_state = opt.init(params)
   low, high = ordinary_id_range(tiny_cpu.get_config().tokenizer.special_ids, cfg.vocab_size)
-  scores = loop.sft_eval_fn(cfg)  # per row: (-logp, scored tokens, argmax hits)
+  scores = sft.sft_eval_fn(cfg)  # per row: (-logp, scored tokens, argmax hits)
 
   @jax.jit
   def step(p, s, batch):
-    loss, grads = jax.value_and_grad(lambda q: loop.sft_loss(cfg, q, batch))(p)
+    loss, grads = jax.value_and_grad(lambda q: sft.sft_loss(cfg, q, batch))(p)
     updates, s = opt.update(grads, s, p)
     return optax.apply_updates(p, updates), s, loss
 
   rng = np.random.default_rng(args.seed)
-  probe = loop.copy_drill_batch(np.random.default_rng([args.seed, 7]), args.batch, args.length,
+  probe = sft.copy_drill_batch(np.random.default_rng([args.seed, 7]), args.batch, args.length,
                                 low, high, row_len=args.probe_len)
   curve, first_half, first_probe_half = [], None, None
   t0 = time.perf_counter()
   for i in range(args.steps + 1):
     # The rows the tiny base is trained on (sft.copy_drill_rows), scored before the update.
-    batch = loop.copy_drill_batch(rng, args.batch, args.length, low, high, row_len=args.row_len)
+    batch = sft.copy_drill_batch(rng, args.batch, args.length, low, high, row_len=args.row_len)
     _, counts, hits = scores(params, batch)
     acc = float(hits.sum() / counts.sum())
     params, opt_state, loss = step(params, opt_state, batch)

@@ -45,8 +45,13 @@ def prefill_lengths(results, fmt) -> list:
 
 def run_arm(config, params, buckets, overrides, tasks, fmt, passes: int = 1):
   from envs.harness.pool import AgentPool
-  from rl import loop
-  from rl.rollout.client import jetstream_policy_factory
+  from envs import eval_summary
+  from rl import evaluation
+  from rl import metrics
+  from rl import params_io
+  from rl import rollouts
+  from rl import task_data
+  from envs.harness.jetstream_client import jetstream_policy_factory
   from rl.rollout.serve import build_server
   cfg = config.copy_and_resolve_references()
   with cfg.unlocked():
@@ -59,12 +64,12 @@ def run_arm(config, params, buckets, overrides, tasks, fmt, passes: int = 1):
     cfg.rollout.address = server.address
   try:
     with AgentPool.from_config(cfg, jetstream_policy_factory(cfg)) as pool:
-      eps = loop.make_episodes(tasks, cfg, cfg.loop.eval_samples, seed_offset=7919,
-                               temperature=loop._eval_temperature(cfg))
+      eps = task_data.make_episodes(tasks, cfg, cfg.loop.eval_samples, seed_offset=7919,
+                               temperature=evaluation.eval_temperature(cfg))
       pass_s = []
       for _ in range(passes):   # later passes: every shape compiled, as in make run's second eval
         t0 = time.monotonic()
-        results = loop.run_pool(pool, eps, cfg, f"eval, buckets {buckets}")
+        results = rollouts.run_pool(pool, eps, cfg, f"eval, buckets {buckets}")
         pass_s.append(time.monotonic() - t0)
       t_eval = pass_s[0]
     engine_buckets = server.engine.buckets
@@ -73,7 +78,7 @@ def run_arm(config, params, buckets, overrides, tasks, fmt, passes: int = 1):
     prompt_tokens, prefilled = server.engine.prompt_tokens, server.engine.prefilled_tokens
   finally:
     server.stop()
-  s = loop.summarize_eval(results, tasks, cfg.loop.bootstrap, cfg.seed)
+  s = eval_summary.summarize(results, tasks, cfg.loop.bootstrap, cfg.seed)
   lens = np.array(prefill_lengths(results, fmt))
   use = {b: int(np.sum((lens <= b) & (lens > lo))) for lo, b in
          zip((0,) + engine_buckets[:-1], engine_buckets)}
@@ -100,18 +105,23 @@ def main():
   from configs import tiny_cpu
   from envs import worlds
   from envs.chat import ChatFormat, load_tokenizer
-  from rl import loop
-  loop._quiet_logs()
+  from envs import eval_summary
+  from rl import evaluation
+  from rl import metrics
+  from rl import params_io
+  from rl import rollouts
+  from rl import task_data
+  metrics.quiet_logs()
   config = tiny_cpu.get_config()
   worlds.ensure_worlds(config.envs)
-  params = loop.init_params(config)
-  tasks = loop.select_tasks(config, "eval", config.loop.eval_levels, args.max_tasks)
+  params = params_io.init_params(config)
+  tasks = task_data.select_tasks(config, "eval", config.loop.eval_levels, args.max_tasks)
   fmt = ChatFormat(load_tokenizer(config.tokenizer.path, config.tokenizer.special_ids),
                    config.tokenizer.thinking)
   own = tuple(config.rollout.prefill_buckets)
   out = [run_arm(config, params, _buckets(args.a) or own, args.set_a, tasks, fmt, args.passes),
          run_arm(config, params, _buckets(args.b) or own, args.set_b, tasks, fmt, args.passes)]
-  print(f"\n{len(tasks)} held-out tasks, temperature {loop._eval_temperature(config)}, "
+  print(f"\n{len(tasks)} held-out tasks, temperature {evaluation.eval_temperature(config)}, "
         f"{config.rollout.slots} slots, {config.harness.num_workers} agent workers")
   for name, r in zip("AB", out):
     lo, hi = r["ci"]

@@ -94,8 +94,8 @@ def per_group_grads(step_fn, params, batch) -> tuple[np.ndarray, list]:
   """[n_live, params] float64 gradients of the step's loss, one informative group each."""
   import jax
   from jax.flatten_util import ravel_pytree
-  from models import sharding as shd
-  with shd.use_mesh(step_fn.mesh, step_fn.rules):
+  from models import sharding
+  with sharding.use_mesh(step_fn.mesh, step_fn.rules):
     prepared, _ = jax.jit(step_fn.prepare)(params, batch)
     mini = step_fn.add_weights(prepared)
     grad_fn = jax.jit(lambda p, mb: step_fn.loss_and_grads(p, mb)[1])
@@ -116,7 +116,7 @@ def main():
   ap.add_argument("--prompts", type=int, default=64, help="train tasks rolled out")
   ap.add_argument("--task_pool", type=int, default=0,
                   help="draw the prompts (with repeats) from this many train tasks; 0 = all, no repeats")
-  ap.add_argument("--sft_dir", default="", help="orbax params dir (loop.save_params); '' = init_from")
+  ap.add_argument("--sft_dir", default="", help="orbax params dir (params_io.save_params); '' = init_from")
   ap.add_argument("--set", action="append", default=[], help="key=value config override")
   ap.add_argument("--by_module", action="store_true",
                   help="also the estimates restricted to each module's parameters")
@@ -126,22 +126,26 @@ def main():
   from configs import tiny_cpu
   from envs import worlds
   from envs.harness.pool import AgentPool
-  from models import sharding as shd
-  from rl import loop
-  from rl.rollout.client import jetstream_policy_factory
+  from models import sharding
+  from rl import batch
+  from rl import metrics
+  from rl import params_io
+  from rl import rollouts
+  from rl import task_data
+  from envs.harness.jetstream_client import jetstream_policy_factory
   from rl.rollout.serve import build_server
   from rl.train_step import TrainStep
-  loop._quiet_logs()
+  metrics.quiet_logs()
   config = tiny_cpu.get_config()
   config.unlock()
   bench_overrides.apply(config, args.set)
   config.train.prompts_per_step = args.prompts
   config.train.micro_batches = 1
   worlds.ensure_worlds(config.envs)
-  params = loop.load_params(args.sft_dir, config) if args.sft_dir else loop.init_params(config)
+  params = params_io.load_params(args.sft_dir, config) if args.sft_dir else params_io.init_params(config)
   if params is None:
     sys.exit(f"no params saved under {args.sft_dir}")
-  tasks = loop.select_tasks(config, "train", config.loop.levels, families=tuple(config.loop.families))
+  tasks = task_data.select_tasks(config, "train", config.loop.levels, families=tuple(config.loop.families))
   rng = np.random.default_rng(config.seed)
   if args.task_pool:
     pool_tasks = [tasks[i] for i in rng.choice(len(tasks), args.task_pool, replace=False)]
@@ -156,13 +160,13 @@ def main():
   t0 = time.monotonic()
   try:
     with AgentPool.from_config(cfg, jetstream_policy_factory(cfg)) as pool:
-      eps = loop.make_episodes(picked, cfg, int(cfg.train.samples_per_prompt), seed_offset=104729)
-      results = loop.run_pool(pool, eps, cfg, "rollouts")
+      eps = task_data.make_episodes(picked, cfg, int(cfg.train.samples_per_prompt), seed_offset=104729)
+      results = rollouts.run_pool(pool, eps, cfg, "rollouts")
   finally:
     server.stop()
   t_roll = time.monotonic() - t0
-  batch, _ = loop.rl_batch(results, cfg)
-  step_fn = TrainStep(cfg, shd.make_mesh(cfg.mesh))
+  batch, _ = batch.build_batch(results, cfg)
+  step_fn = TrainStep(cfg, sharding.make_mesh(cfg.mesh))
   t0 = time.monotonic()
   g, groups = per_group_grads(step_fn, params, batch)
   t_grad = time.monotonic() - t0

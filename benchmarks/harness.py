@@ -9,7 +9,7 @@ Figures:
      grading and close) divided by their turns.
   2. Episodes/s of the token-level oracle through the harness (one agent-loop process per
      concurrent episode, real MCP gateways, grading) at each concurrency, beside the peer:
-     envs.evaluate's scripted oracle (threads calling the same gateways with no tokens, no
+     envs.scripted_eval's scripted oracle (threads calling the same gateways with no tokens, no
      process per episode). The ratio is what token accounting and process isolation cost.
 Pool start (spawning the agent-loop processes) is timed apart; world and gateway starts are
 inside both figures. Prints figures; asserts nothing.
@@ -34,7 +34,7 @@ from envs.harness.batch import batch_metrics  # noqa: E402
 from envs.harness.oracle import oracle_factory  # noqa: E402
 from envs.harness.pool import AgentPool  # noqa: E402
 from envs.harness.trajectory import Trajectory  # noqa: E402
-from envs.harness.worlds import task_episodes  # noqa: E402
+from envs.harness.episodes import task_episodes  # noqa: E402
 
 
 def token_path_per_turn(fmt, n_turns=2000):
@@ -75,9 +75,9 @@ def run_harness(c, tasks, conc):
 
 
 def run_peer(c, tasks, conc, root):
-  from envs import evaluate
+  from envs import scripted_eval
   t0 = time.monotonic()
-  outs = evaluate.run_tasks(tasks, c.envs, "oracle", "mcp", conc, root)
+  outs = scripted_eval.run_tasks(tasks, c.envs, "oracle", "mcp", conc, root)
   return outs, time.monotonic() - t0
 
 

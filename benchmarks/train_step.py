@@ -17,7 +17,7 @@ are not counted (MFU counts model FLOPs, not hardware FLOPs). Prints figures; as
 With --live_groups=K only K prompt groups carry signal (the others all pass: filtered, as
 most groups are in a GRPO batch of a small policy) and the step is timed twice in the same
 run: rows as they come (every micro-batch holds a live row, so all are computed) and packed
-by `rl.grpo.pack_live_rows` (as `rl.loop` feeds the step: all-dead micro-batches skipped).
+by `rl.grpo.pack_live_rows` (as `rl.batch.build_batch` feeds the step: all-dead micro-batches skipped).
 
   python benchmarks/train_step.py --config=configs/tiny_cpu.py --bucket=1024
 
@@ -37,8 +37,8 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from models import qwen3_5  # noqa: E402
-from models import sharding as shd  # noqa: E402
-from rl import train_step as ts  # noqa: E402
+from models import sharding  # noqa: E402
+from rl import train_step  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny_cpu.py", "Config file.")
 _STEPS = flags.DEFINE_integer("steps", 3, "Timed steps (after one compile step).")
@@ -96,8 +96,8 @@ def main(argv):
   config = _CONFIG.value
   if _BUCKET.value > 0:
     config.train.seq_buckets = (_BUCKET.value,)
-  mesh = shd.make_mesh(config.mesh)
-  step = ts.TrainStep(config, mesh)
+  mesh = sharding.make_mesh(config.mesh)
+  step = train_step.TrainStep(config, mesh)
   mc = step.model_cfg
   state = step.init_state(jax.random.key(config.seed))
   host = synthetic_batch(config)
@@ -144,7 +144,7 @@ def main(argv):
   counts = qwen3_5.count_params(mc)
   print(f"config            {config.name} (preset {config.model.preset or '-'}), "
         f"params {counts['total'] / 1e6:.2f} M total / {counts['active'] / 1e6:.2f} M active")
-  print(f"devices           {n} x {dev.platform}:{getattr(dev, 'device_kind', '?')}, mesh {shd.describe(mesh)}")
+  print(f"devices           {n} x {dev.platform}:{getattr(dev, 'device_kind', '?')}, mesh {sharding.describe(mesh)}")
   print(f"batch             {rows} rows x {seq} tokens, {config.train.micro_batches} micro-batch(es), "
         f"dtype {config.model.dtype}, remat {config.model.remat}")
   print(f"first step        {compile_s:.2f} s (compile + run)")

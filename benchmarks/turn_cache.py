@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 def run_arm(config, params, turn_cache: int, args):
   import numpy as np
   from envs.harness.policy import SamplingParams
-  from rl.rollout.client import TokenClient
+  from envs.harness.jetstream_client import TokenClient
   from rl.rollout.serve import build_server
   cfg = config.copy_and_resolve_references()
   with cfg.unlocked():
@@ -77,10 +77,11 @@ def main():
   args = ap.parse_args()
 
   from configs import tiny_cpu
-  from rl import loop
-  loop._quiet_logs()
+  from rl import metrics
+  from rl import params_io
+  metrics.quiet_logs()
   config = tiny_cpu.get_config()
-  params = loop.init_params(config)
+  params = params_io.init_params(config)
   arms = [run_arm(config, params, 0, args), run_arm(config, params, args.keep, args)]
   print(f"\n{args.conversations} conversations x {args.turns} turns ({args.concurrency} at a time): "
         f"system {args.system}, task {args.task}, reply {args.reply}, tool output {args.obs} tokens; "

@@ -16,7 +16,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from configs import base  # noqa: E402
-from envs import evaluate  # noqa: E402
+from envs import scripted_eval  # noqa: E402
 from envs import sandbox  # noqa: E402
 from envs import tasks as tasks_lib  # noqa: E402
 from envs import worlds  # noqa: E402
@@ -111,7 +111,7 @@ def _bench(args, cfg, tmp):
       sel += ws[(i // len(wids)) * per:(i // len(wids) + 1) * per]
     t = time.monotonic()
     timing = {}
-    outs = evaluate.run_tasks(sel, cfg, "oracle", args.transport, c, root,
+    outs = scripted_eval.run_tasks(sel, cfg, "oracle", args.transport, c, root,
                               work_root=os.path.join(tmp, f"w{c}"), timing=timing)
     dt = time.monotonic() - t
     ok = sum(o.passed for o in outs)

@@ -14,9 +14,19 @@ JetStream server as RL, with episode seeds no RL step or eval uses. Writes `loop
 "n_tasks", "histogram"}, and prints how many tasks pass in 0, 1, ..., k of their rollouts.
 """
 import collections
-import json
 import os
 import time
+
+from envs import eval_summary
+from envs import worlds
+from rl.metrics import quiet_logs
+from rl.metrics import write_json
+from rl.rollout import capacity
+from rl.rollouts import run_pool
+from rl.rollouts import served_policy
+from rl.sft import start_params
+from rl.task_data import make_episodes
+from rl.task_data import select_tasks
 
 # Added to every episode seed: RL step s adds 104729 * (s + 1), the held-out eval 7919 * (s + 1).
 _SEED_OFFSET = 1_000_003
@@ -24,13 +34,11 @@ _SEED_OFFSET = 1_000_003
 
 def measure(config, tasks, samples: int) -> dict:
   """task id -> pass rate over `samples` rollouts of the starting policy."""
-  from envs import worlds
-  from rl import loop
   worlds.ensure_worlds(config.envs)
-  with loop.served_policy(config, loop.start_params(config)) as (_, cfg, pool):
-    eps = loop.make_episodes(tasks, cfg, samples, seed_offset=_SEED_OFFSET)
-    results = loop.run_pool(pool, eps, cfg, "train pass rates")
-  return loop.summarize_eval(results, tasks, resamples=1)["per_task_pass"]
+  with served_policy(config, start_params(config)) as (_, cfg, pool):
+    eps = make_episodes(tasks, cfg, samples, seed_offset=_SEED_OFFSET)
+    results = run_pool(pool, eps, cfg, "train pass rates")
+  return eval_summary.summarize(results, tasks, resamples=1)["per_task_pass"]
 
 
 def histogram(rates: dict, samples: int) -> dict:
@@ -41,18 +49,16 @@ def histogram(rates: dict, samples: int) -> dict:
 
 def main(config, flags=None):
   del flags
-  from rl import loop
-  from rl.rollout import capacity
   capacity.check_context(config)
-  loop._quiet_logs()  # pylint: disable=protected-access
+  quiet_logs()
   out_path, samples = config.loop.train_pass_rates, int(config.loop.pass_rate_samples)
   if not out_path:
     raise ValueError("--mode=pass_rates writes config.loop.train_pass_rates: set it to a path")
   if samples < 2:
     raise ValueError(f"loop.pass_rate_samples must be at least 2 (one rollout cannot tell a "
                      f"task that sometimes passes from one that always does), got {samples}")
-  tasks = loop.select_tasks(config, "train", config.loop.levels,
-                            int(config.loop.pass_rate_max_tasks), tuple(config.loop.families))
+  tasks = select_tasks(config, "train", config.loop.levels,
+                       int(config.loop.pass_rate_max_tasks), tuple(config.loop.families))
   t0 = time.monotonic()
   rates = measure(config, tasks, samples)
   hist = histogram(rates, samples)
@@ -60,7 +66,7 @@ def main(config, flags=None):
          "temperature": float(config.rl.temperature), "init_from": config.train.init_from,
          "sft_steps": int(config.sft.steps), "n_tasks": len(rates), "histogram": hist}
   os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-  loop._write_json(out_path, out)  # pylint: disable=protected-access
+  write_json(out_path, out)
   some = sum(v for k, v in hist.items() if k not in ("0", str(samples)))
   print(f"{len(rates)} train tasks x {samples} rollouts in {time.monotonic() - t0:.0f}s; tasks "
         f"by passing rollouts {hist}: {some} pass sometimes; written to {out_path}", flush=True)

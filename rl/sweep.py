@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 
+from envs.eval_summary import paired_bootstrap_delta
+
 
 def load_sweep(spec: str) -> list:
   path, _, arg = spec.partition(":")
@@ -77,7 +79,6 @@ def table(config, cmds: list) -> str:
 
   The last column compares each job's after-RL pass@1 with the first job's on the same
   held-out tasks, as a paired bootstrap over tasks: the ablation's own readout."""
-  from rl.loop import paired_bootstrap_delta
   keys = sorted({k for _, job, _ in cmds for k in job if k != "name"})
   first = cmds[0][0] if cmds else ""
   head = ["run"] + keys + ["pass@1 before", "pass@1 after (95% CI)", "delta (paired 95% CI)",

@@ -40,10 +40,11 @@ import ml_collections
 import optax
 
 from models import qwen3_5
-from models import sharding as shd
-from rl import advantages as adv_lib
+from models import sharding
+from rl import advantages
 from rl import grpo
-from rl import policy_losses as pl
+from rl import policy_losses
+from rl.train_example import TrainExample
 
 REQUIRED_BATCH_KEYS = ("tokens", "loss_mask", "rollout_logprobs", "rewards", "group_ids")
 
@@ -199,7 +200,7 @@ class TrainStep:
     self.config = config
     self.return_grads = return_grads
     self.mesh = mesh
-    self.rules = shd.rules_from_config(config.mesh.rules)
+    self.rules = sharding.rules_from_config(config.mesh.rules)
     self.model_cfg = model_cfg or qwen3_5.config_from_dict(config.model)
     self.optimizer = make_optimizer(config.optim, config.train.steps)
     self.state_shardings = self._state_shardings()
@@ -217,31 +218,35 @@ class TrainStep:
   def abstract_state(self):
     """ShapeDtypeStructs of the state (with shardings); allocates nothing."""
     shapes = jax.eval_shape(self._init_state, jax.random.key(0))
-    return shd.with_shardings(shapes, self.state_shardings)
+    return sharding.with_shardings(shapes, self.state_shardings)
 
   def _state_shardings(self):
     shapes = jax.eval_shape(self._init_state, jax.random.key(0))
-    param_sh = shd.tree_shardings(qwen3_5.param_axes(self.model_cfg), shapes["params"],
+    param_sh = sharding.tree_shardings(qwen3_5.param_axes(self.model_cfg), shapes["params"],
                                   self.mesh, self.rules)
-    rep = shd.replicated(self.mesh)
+    rep = sharding.replicated(self.mesh)
     opt_sh = optax.tree_map_params(self.optimizer, lambda _, sh: sh, shapes["opt_state"],
                                    param_sh, transform_non_params=lambda _: rep)
     return {"params": param_sh, "opt_state": opt_sh, "step": rep, "rng": rep}
 
   def init_state(self, key):
     """Sharded initial state: every device materialises only its own shards."""
-    with shd.use_mesh(self.mesh, self.rules):
+    with sharding.use_mesh(self.mesh, self.rules):
       return jax.jit(self._init_state, out_shardings=self.state_shardings)(key)
 
   # -- batch -------------------------------------------------------------------------------
 
   def batch_shardings(self, batch):
-    return {k: shd.batch_sharding(self.mesh, self.rules, v.ndim, v.shape[0])
+    return {k: sharding.batch_sharding(self.mesh, self.rules, v.ndim, v.shape[0])
             for k, v in batch.items()}
 
   def shard_batch(self, batch):
-    """Host (numpy) batch -> global arrays laid out over the batch mesh axes."""
-    return shd.shard_batch(batch, self.mesh, self.rules)
+    """Host (numpy) batch -> global arrays laid out over the batch mesh axes. `batch` is a
+    `TrainExample` (the RL loop's) or its `as_arrays()` dict (with extra keys, e.g.
+    ref_logprobs)."""
+    if isinstance(batch, TrainExample):
+      batch = batch.as_arrays()
+    return sharding.shard_batch(batch, self.mesh, self.rules)
 
   # -- loss --------------------------------------------------------------------------------
 
@@ -256,11 +261,12 @@ class TrainStep:
     want_router = self._router_loss
     out = token_logprobs(self.model_cfg, params, mb["tokens"], rl.temperature, want_router)
     lp, ent = out[0], out[1]
-    x = pl.PolicyInputs(logprobs=lp, old_logprobs=mb["old_logprobs"],
+    x = policy_losses.PolicyInputs(logprobs=lp, old_logprobs=mb["old_logprobs"],
                         rollout_logprobs=mb["rollout_logprobs"],
                         advantages=jnp.broadcast_to(mb["advantages"][:, None], lp.shape),
                         loss_mask=mb["loss_mask"])
-    token_loss, token_metrics = pl.compute_policy_loss(x, rl, mb.get("ref_logprobs"), ent)
+    token_loss, token_metrics = policy_losses.compute_policy_loss(
+        x, rl, mb.get("ref_logprobs"), ent)
     loss = jnp.sum(mb["weights"] * token_loss)
     aux = {k: jnp.sum(mb["metric_weights"] * v) for k, v in token_metrics.items()}
     aux["loss/policy"] = jax.lax.stop_gradient(loss)
@@ -290,7 +296,7 @@ class TrainStep:
     rl = self.config.rl
     b = batch["tokens"].shape[0]
     valid = batch.get("valid", jnp.ones((b,), bool))
-    adv, valid, adv_metrics = adv_lib.compute_advantages(
+    adv, valid, adv_metrics = advantages.compute_advantages(
         batch["rewards"], batch["group_ids"], valid, rl)
     mask = batch["loss_mask"].astype(jnp.float32) * valid[:, None]
     if rl.recompute_old_logprobs:
@@ -389,7 +395,7 @@ class TrainStep:
       self._batch_signature = (layout, row_len)
       self._jitted = jax.jit(
           self._step, in_shardings=(self.state_shardings, self.batch_shardings(batch)),
-          out_shardings=(self.state_shardings, shd.replicated(self.mesh)),
+          out_shardings=(self.state_shardings, sharding.replicated(self.mesh)),
           donate_argnums=(0,))
     elif layout != self._batch_signature[0] or (
         row_len != self._batch_signature[1] and row_len not in self.row_lengths()):
@@ -400,12 +406,12 @@ class TrainStep:
     return self._jitted
 
   def __call__(self, state, batch):
-    with shd.use_mesh(self.mesh, self.rules):
+    with sharding.use_mesh(self.mesh, self.rules):
       return self._compiled_for(batch)(state, batch)
 
   def lower(self, state, batch):
     """Lowers the step for (abstract) state and batch without running it."""
-    with shd.use_mesh(self.mesh, self.rules):
+    with sharding.use_mesh(self.mesh, self.rules):
       return self._compiled_for(batch).lower(state, batch)
 
 

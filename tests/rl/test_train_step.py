@@ -117,7 +117,7 @@ def test_sharded_step_matches_single_device(base_state_and_batch, shape):
 
 
 def test_step_with_filtered_groups_packed_and_skipped_matches_one_micro_batch(base_state_and_batch):
-  """A zero-variance group, its rows packed into the last micro-batch (rl.loop.rl_batch) which
+  """A zero-variance group, its rows packed into the last micro-batch (rl.batch.build_batch) which
   the step then skips: same loss, metrics and update as the whole batch in one micro-batch."""
   from rl import grpo
   host_state, batch = base_state_and_batch

@@ -1,0 +1,214 @@
+"""The GRPO run behind `launch.py --mode=rl`: `rl_step` is one step of the algorithm, `run_rl`
+the loop around it.
+
+  run_rl    SFT warm start (or resume) -> held-out eval before RL -> train.steps x rl_step
+            (a held-out eval every loop.eval_every steps, checkpoints every
+            checkpoint.save_every) -> held-out eval after RL -> runs/<name>/summary.json.
+  rl_step   draw prompts -> roll out G episodes each through the agent pool against the served
+            policy -> filter groups (masking, zero variance, dynamic sampling) -> batch
+            (TrainExample) -> train step (advantages, policy loss, loss reduction, optimizer)
+            -> weight sync to the rollout servers -> log.
+
+Rollouts of step s come from weights at most loop.max_staleness versions old (0: the weights
+step s trains; rl/rollout_prefetch.py). A killed run resumes from its newest checkpoint with the
+same data position, so it continues as the uninterrupted run would.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from envs import eval_summary
+from envs import worlds
+from models import sharding
+from rl.batch import build_batch
+from rl.batch import check_batch_shape
+from rl.checkpoint import Checkpointer
+from rl.evaluation import before_label
+from rl.evaluation import evaluate
+from rl.evaluation import finish_summary
+from rl.evaluation import print_before_after
+from rl.metrics import Metrics
+from rl.metrics import progress_bar
+from rl.metrics import quiet_logs
+from rl.metrics import run_dir
+from rl.metrics import write_json
+from rl.rollout import capacity
+from rl.rollout_prefetch import RolloutPrefetcher
+from rl.rollouts import draw_rollouts
+from rl.rollouts import engine_scalars
+from rl.rollouts import served_policy
+from rl.sft import start_params
+from rl.task_data import TaskStream
+from rl.task_data import select_tasks
+from rl.task_data import train_pool
+from rl.train_step import TrainStep
+
+
+@dataclasses.dataclass
+class RLRun:
+  """What the steps of one RL run share.
+
+  Attributes:
+    config: the run's config, with rollout.address resolved to the served policy.
+    step_fn: the jitted train step (optimizer, shardings).
+    server: the rollout server(s); `server.update_weights(params, version)` is the weight sync.
+    pool: the agent pool that runs episodes against the server.
+    stream: the train tasks in draw order; its position is checkpointed.
+    prefetch: draws each step's rollouts, up to loop.max_staleness steps ahead.
+    metrics: metrics.jsonl / TensorBoard.
+    served_version: the weights version the servers hold.
+  """
+  config: Any
+  step_fn: TrainStep
+  server: Any
+  pool: Any
+  stream: TaskStream
+  prefetch: Any = None
+  metrics: Any = None
+  served_version: int = 0
+
+
+def draw(run: RLRun, step: int) -> tuple[list, dict, int]:
+  """Draw prompts and roll them out (with dynamic sampling's extra draws): the episode
+  results of `step`, their metrics, and the task stream's position after them."""
+  t0, version = time.monotonic(), run.served_version
+  results, m = draw_rollouts(run.pool, run.stream, run.config, step)
+  m.update({"time/rollout_s": time.monotonic() - t0,
+            "rollout/staleness": float(step - version)})
+  return results, m, run.stream.position
+
+
+def rl_step(run: RLRun, state: dict, step: int) -> tuple[dict, dict, int]:
+  """One GRPO step: returns the new train state, the step's metrics and the data position
+  after its batch."""
+  t0 = time.monotonic()
+  results, m_draw, data_position = run.prefetch.get(step)        # draw, roll out
+  t_wait = time.monotonic() - t0
+  example, m = build_batch(results, run.config)                  # filter, batch
+  m.update(m_draw)
+  # advantages, policy loss, loss reduction, optimizer update
+  state, tm = run.step_fn(state, run.step_fn.shard_batch(example))
+  jax.block_until_ready(state["params"])   # so the sync time below is the sync's alone
+  t_sync = time.monotonic()
+  run.server.update_weights(state["params"], version=step + 1)   # sync
+  run.served_version = step + 1
+  t_sync = time.monotonic() - t_sync
+  m.update({k: float(v) for k, v in jax.device_get(tm).items() if np.ndim(v) == 0})
+  m.update({"time/rollout_wait_s": t_wait, "time/weight_sync_s": t_sync,     # log
+            "time/step_s": time.monotonic() - t0, "data/epoch": run.stream.epoch})
+  m.update(engine_scalars(run.server))
+  run.metrics.write(step + 1, "train", m)
+  return state, m, data_position
+
+
+def train(run: RLRun, state: dict, start_step: int, ckpt: Checkpointer, summary: dict,
+          eval_tasks: list) -> dict:
+  """rl_step from `start_step` to train.steps, with held-out evals every loop.eval_every
+  steps (into `summary`) and checkpoints; returns the last state."""
+  config, steps = run.config, int(run.config.train.steps)
+  run.prefetch = RolloutPrefetcher(lambda s: draw(run, s), int(config.loop.max_staleness),
+                                   steps - 1)
+  try:
+    with progress_bar(config, steps, "rl") as bar:
+      bar.update(start_step)
+      for step in range(start_step, steps):
+        state, m, data_position = rl_step(run, state, step)
+        bar.set_postfix(reward=f"{m.get('mean_reward', 0):.3f}",
+                        loss=f"{m.get('loss/total', 0):.3g}")
+        bar.update(1)
+        if config.loop.eval_every and (step + 1) % config.loop.eval_every == 0 \
+           and step + 1 < steps:
+          run.prefetch.drain()   # the eval needs the agent pool to itself
+          s = evaluate(run.pool, config, eval_tasks, step + 1, f"step {step + 1}")
+          run.metrics.write(step + 1, "eval", eval_summary.scalars(s))
+          summary.setdefault("curve", []).append({"step": step + 1,
+                                                  **eval_summary.scalars(s)})
+        # The position after this step's batch: batches drawn ahead are drawn again on
+        # resume (same tasks and seeds).
+        ckpt.maybe_save(step + 1, state, {"data_position": data_position, "summary": summary})
+  finally:
+    run.prefetch.close()
+  return state
+
+
+def restore_or_start(config, step_fn: TrainStep, ckpt: Checkpointer, metrics: Metrics
+                     ) -> tuple[int, dict, dict]:
+  """(first step, train state, checkpoint meta): the newest checkpoint's, or step 0 from the
+  start params (SFT, trained first when missing; train.init_from; the seeded init)."""
+  restored = ckpt.restore_latest(step_fn.abstract_state())
+  if restored is not None:
+    start_step, state, meta = restored
+    print(f"resumed from checkpoint step {start_step} in {ckpt.directory}", flush=True)
+    return start_step, state, meta
+  params = start_params(config, step_fn.state_shardings["params"], metrics)
+  state = step_fn.init_state(jax.random.key(config.seed))
+  if params is not None:
+    state = with_params(step_fn, state, params)
+  return 0, state, {}
+
+
+def run_rl(config, flags=None) -> dict:
+  """The whole RL run; returns the summary written to runs/<name>/summary.json."""
+  del flags
+  t_start = time.monotonic()
+  check_batch_shape(config)
+  capacity.check_context(config)
+  rdir = run_dir(config)
+  os.makedirs(rdir, exist_ok=True)
+  metrics = Metrics(rdir, config.loop.tensorboard)
+  worlds.ensure_worlds(config.envs)
+  step_fn = TrainStep(config, sharding.make_mesh(config.mesh))
+  ckpt = Checkpointer.from_config(config)
+  start_step, state, meta = restore_or_start(config, step_fn, ckpt, metrics)
+  train_tasks = train_pool(config)
+  eval_tasks = select_tasks(config, "eval", config.loop.eval_levels, config.loop.eval_max_tasks)
+  stream = TaskStream(train_tasks, config.seed, meta.get("data_position", 0))
+  summary_path = os.path.join(rdir, "summary.json")
+  summary = dict(meta.get("summary") or {})
+  try:
+    # The engine copies the weights device to device (rl/rollout/engine.py, _place).
+    with served_policy(config, state["params"], start_step) as (server, cfg, pool):
+      if "before_rl" not in summary:
+        s = evaluate(pool, cfg, eval_tasks, 0, "before RL")
+        summary["before_rl"] = s
+        metrics.write(start_step, "eval", eval_summary.scalars(s))
+        write_json(summary_path, finish_summary(summary, config, eval_tasks))
+      print(eval_summary.format_summary(before_label(config), summary["before_rl"]), flush=True)
+      run = RLRun(cfg, step_fn, server, pool, stream, metrics=metrics,
+                  served_version=start_step)
+      state = train(run, state, start_step, ckpt, summary, eval_tasks)
+      ckpt.wait()
+      steps = int(config.train.steps)
+      s = evaluate(pool, cfg, eval_tasks, steps, "after RL")
+      summary["after_rl"] = s
+      metrics.write(steps, "eval", eval_summary.scalars(s))
+  finally:
+    metrics.close()
+  ckpt.close()
+  out = finish_summary(summary, config, eval_tasks)
+  out["wall_s"] = round(time.monotonic() - t_start, 1)
+  write_json(summary_path, out)
+  print_before_after(out, config, summary_path)
+  return out
+
+
+def with_params(step_fn: TrainStep, state: dict, params) -> dict:
+  """A fresh optimizer state around `params` (the SFT moments do not carry over)."""
+
+  def build(p, step, rng):
+    return {"params": p, "opt_state": step_fn.optimizer.init(p), "step": step, "rng": rng}
+  with sharding.use_mesh(step_fn.mesh, step_fn.rules):
+    return jax.jit(build, out_shardings=step_fn.state_shardings)(
+        params, jnp.zeros((), jnp.int32), state["rng"])
+
+
+def main_rl(config, flags=None):
+  quiet_logs()
+  return run_rl(config, flags)

@@ -1,0 +1,78 @@
+"""Where a run's figures go: runs/<name>/metrics.jsonl (always), TensorBoard (loop.tensorboard),
+progress bars on the console, and JSON files written whole (summary.json, pass-rate files)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from absl import logging as absl_logging
+import numpy as np
+from tqdm import tqdm
+
+
+def run_dir(config) -> str:
+  """runs/<name>: everything one run writes."""
+  return os.path.join(config.workdir, config.name)
+
+
+class Metrics:
+  """JSONL (always) and TensorBoard (config.loop.tensorboard) under the run directory."""
+
+  def __init__(self, run_dir: str, tensorboard: bool):
+    os.makedirs(run_dir, exist_ok=True)
+    self._f = open(os.path.join(run_dir, "metrics.jsonl"), "a", encoding="utf-8")
+    self._tb = None
+    if tensorboard:
+      try:
+        # lazy: TensorBoard is optional; the JSONL has everything.
+        from tensorboardX import SummaryWriter
+        self._tb = SummaryWriter(os.path.join(run_dir, "tb"))
+      except ImportError:
+        self._tb = None
+
+  def write(self, step: int, phase: str, metrics: dict) -> None:
+    flat = {k: float(v) for k, v in metrics.items() if np.ndim(v) == 0 and _is_num(v)}
+    self._f.write(json.dumps({"step": int(step), "phase": phase, "time": time.time(), **flat})
+                  + "\n")
+    self._f.flush()
+    if self._tb is not None:
+      for k, v in flat.items():
+        self._tb.add_scalar(f"{phase}/{k}", v, step)
+      self._tb.flush()
+
+  def close(self):
+    self._f.close()
+    if self._tb is not None:
+      self._tb.close()
+
+
+def _is_num(v) -> bool:
+  try:
+    float(v)
+    return True
+  except (TypeError, ValueError):
+    return False
+
+
+def progress_bar(config, total: int, desc: str):
+  """A tqdm bar (off with loop.progress=False)."""
+  # Redirected to a file, a bar that redraws ten times a second fills it: every 30 s then.
+  interval = 0.1 if sys.stderr.isatty() else 30.0
+  return tqdm(total=total, desc=desc, disable=not config.loop.progress, dynamic_ncols=True,
+              leave=True, mininterval=interval)
+
+
+def write_json(path: str, obj) -> None:
+  """`obj` as JSON at `path`, written to a temporary file and renamed: never half a file."""
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(obj, f, indent=1)
+  os.replace(tmp, path)
+
+
+def quiet_logs():
+  """Orbax and JetStream log every save and request at INFO; the console is for the bars."""
+  if absl_logging.get_verbosity() <= absl_logging.INFO:
+    absl_logging.set_verbosity(absl_logging.WARNING)

@@ -1,0 +1,166 @@
+"""The SFT warm start: losses, copy-drill rows, batches, and reuse of saved SFT params."""
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from configs import tiny_cpu
+from envs.chat import tokenizer
+from models import qwen3_5
+from rl import params_io
+from rl import sft
+from rl.metrics import Metrics
+from rl.train_step import token_logprobs
+
+
+def test_length_grouped_batches_cover_each_row_once_with_little_padding():
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(100, 3000, 200)
+  rows = np.arange(200)
+  batches = sft.length_grouped_batches(rows, lengths, 8, np.random.default_rng(1))
+  assert all(len(b) == 8 for b in batches)
+  assert sorted(np.concatenate(batches).tolist()) == rows.tolist()
+  grouped = np.mean([lengths[b].max() for b in batches])
+  random = np.mean([lengths[b].max() for b in np.split(rng.permutation(rows), 25)])
+  assert grouped < 0.8 * random
+  assert len(sft.length_grouped_batches(np.arange(20), lengths, 8, rng)) == 2  # 4 rows dropped
+
+
+def test_sft_loss_adds_the_weighted_next_token_loss_over_the_valid_length():
+  c = tiny_cpu.get_config()
+  cfg = qwen3_5.config_from_dict(c.model)
+  params = qwen3_5.init_params(cfg, jax.random.key(0))
+  tokens = np.random.default_rng(0).integers(3, 1000, (2, 12)).astype(np.int32)
+  mask = np.zeros((2, 12), np.int32)
+  mask[:, 8:10] = 1
+  batch = {"tokens": tokens, "loss_mask": mask, "lengths": np.array([12, 10], np.int32)}
+  lp = np.asarray(token_logprobs(cfg, params, tokens, 1.0)[0])
+  want = -(lp * mask).sum() / mask.sum()
+  lm = -(lp[0, 1:12].sum() + lp[1, 1:10].sum()) / (11 + 9)
+  np.testing.assert_allclose(float(sft.sft_loss(cfg, params, batch)), want, rtol=1e-5)
+  np.testing.assert_allclose(float(sft.sft_loss(cfg, params, batch, 0.5)), want + 0.5 * lm,
+                             rtol=1e-5)
+
+
+def test_copy_drill_rows_repeat_their_first_half_and_score_only_the_predictable_copy():
+  d = sft.copy_drill_batch(np.random.default_rng(0), rows=4, length=6, low=9, high=20)
+  assert d["tokens"].shape == (4, 12) and d["tokens"].dtype == np.int32
+  np.testing.assert_array_equal(d["tokens"][:, :6], d["tokens"][:, 6:])
+  assert d["tokens"].min() >= 9 and d["tokens"].max() < 20
+  np.testing.assert_array_equal(d["loss_mask"][0], [0] * 7 + [1] * 5)
+  np.testing.assert_array_equal(d["lengths"], [12] * 4)
+
+
+def test_long_copy_drill_rows_put_the_copy_at_varying_offsets_so_position_cannot_solve_them():
+  n, row_len = 6, 40
+  d = sft.copy_drill_batch(np.random.default_rng(0), rows=64, length=n, low=9, high=20,
+                            row_len=row_len)
+  assert d["tokens"].shape == (64, row_len) and d["tokens"].min() >= 9 and d["tokens"].max() < 20
+  np.testing.assert_array_equal(d["lengths"], [row_len] * 64)
+  offsets = []
+  for tokens, mask in zip(d["tokens"], d["loss_mask"]):
+    scored = np.flatnonzero(mask)
+    assert len(scored) == n - 1 and np.all(np.diff(scored) == 1)
+    copy_start = scored[0] - 1
+    copy = tokens[copy_start:copy_start + n]
+    # The copied segment occurs in full earlier in the row, ending before the copy begins.
+    sources = [s for s in range(copy_start - n + 1) if np.array_equal(tokens[s:s + n], copy)]
+    assert sources
+    offsets.append(copy_start - sources[-1])
+  assert min(offsets) >= n and len(set(offsets)) > 10
+
+
+def test_ordinary_id_range_excludes_every_control_token():
+  lo, hi = tokenizer.ordinary_id_range("tiny", 1024)
+  assert (lo, hi) == (len(tokenizer.TINY_SPECIAL_IDS), 1024)
+  lo, hi = tokenizer.ordinary_id_range("qwen3_5", 248320)
+  assert lo == 0 and hi <= min(tokenizer.QWEN3_5_SPECIAL_IDS.values())
+  with pytest.raises(ValueError, match="special_ids"):
+    tokenizer.ordinary_id_range("gpt2", 100)
+
+
+def test_sft_train_loss_adds_the_weighted_copy_drill_loss(tmp_path):
+  c = tiny_cpu.get_config()
+  with c.unlocked():
+    c.train.init_from = ""
+    c.sft.steps, c.sft.batch_size, c.sft.lr, c.sft.pad_multiple = 1, 2, 1e-3, 0
+    c.sft.warmup_steps = 0
+    c.sft.copy_drill_rows, c.sft.copy_drill_len, c.sft.copy_drill_weight = 3, 5, 0.5
+    c.loop.tensorboard = False
+  cfg = qwen3_5.config_from_dict(c.model)
+  params = params_io.init_params(c)
+  tokens = np.random.default_rng(0).integers(9, 1000, (2, 16)).astype(np.int32)
+  mask = np.zeros((2, 16), np.float32)
+  mask[:, 10:14] = 1
+  data = {"tokens": tokens, "loss_mask": mask, "lengths": np.array([16, 16], np.int32)}
+  metrics = Metrics(str(tmp_path), False)
+  trained = sft.sft_train(c, data, params, metrics)
+  metrics.close()
+  logged = json.loads(open(tmp_path / "metrics.jsonl").read().splitlines()[0])
+  # The step's drill rows, redrawn from the same seed; the loss is taken before the update.
+  drill = sft.copy_drill_batch(np.random.default_rng([c.seed, 1]), 3, 5, 9, 1024,
+                                row_len=c.sft.copy_drill_row_len)
+  want_drill = float(sft.sft_loss(cfg, params, drill))
+  want = float(sft.sft_loss(cfg, params, data)) + 0.5 * want_drill
+  np.testing.assert_allclose(logged["copy_drill_loss"], want_drill, rtol=1e-5)
+  np.testing.assert_allclose(logged["loss"], want, rtol=1e-5)
+  assert not jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), params, trained))
+
+
+def test_drill_only_steps_train_on_the_drill_rows_alone(tmp_path):
+  c = tiny_cpu.get_config()
+  with c.unlocked():
+    c.train.init_from = ""
+    c.sft.steps, c.sft.batch_size, c.sft.lr, c.sft.pad_multiple = 2, 2, 1e-3, 0
+    c.sft.warmup_steps, c.sft.schedule = 0, "constant"
+    c.sft.copy_drill_rows, c.sft.copy_drill_len, c.sft.copy_drill_row_len = 3, 5, 24
+    c.sft.copy_drill_only_steps = 1
+    c.loop.tensorboard = False
+  cfg = qwen3_5.config_from_dict(c.model)
+  params = params_io.init_params(c)
+  data = {"tokens": np.random.default_rng(0).integers(9, 1000, (2, 16)).astype(np.int32),
+          "loss_mask": np.pad(np.ones((2, 4), np.float32), ((0, 0), (10, 2))),
+          "lengths": np.array([16, 16], np.int32)}
+  metrics = Metrics(str(tmp_path), False)
+  sft.sft_train(c, data, params, metrics)
+  metrics.close()
+  first, second = [json.loads(l) for l in open(tmp_path / "metrics.jsonl").read().splitlines()]
+  drill = sft.copy_drill_batch(np.random.default_rng([c.seed, 1]), 3, 5, 9, 1024, row_len=24)
+  want = float(sft.sft_loss(cfg, params, drill))
+  # Step 1: the drill loss alone (no trajectory term); step 2: trajectories + drill again.
+  np.testing.assert_allclose([first["loss"], first["copy_drill_loss"]], [want, want], rtol=1e-5)
+  assert second["loss"] > second["copy_drill_loss"] + 1.0
+  with c.unlocked():
+    c.sft.copy_drill_rows = 0
+  with pytest.raises(ValueError, match="copy_drill_only_steps=1 needs sft.copy_drill_rows"):
+    sft.sft_train(c, data, params)
+
+
+def test_sft_params_saved_from_another_start_are_refused_not_reused(tmp_path):
+  c = tiny_cpu.get_config()
+  with c.unlocked():
+    c.train.init_from = ""
+    c.sft.dir = str(tmp_path / "sft")
+  params = params_io.init_params(c)
+  params_io.save_params(c.sft.dir, params, {"steps": 4, "start": "another-base"}, 4)
+  with pytest.raises(ValueError, match="trained from another start"):
+    sft.start_params(c)
+  assert os.path.isdir(os.path.join(c.sft.dir, "4"))          # nothing saved is removed
+  params_io.save_params(c.sft.dir, params, {"steps": 5, "start": params_io.start_fingerprint(c)}, 5)
+  got = sft.start_params(c)
+  assert jax.tree.structure(got) == jax.tree.structure(params)
+
+
+def test_tiny_config_variants_build_the_base_in_two_stages_on_content_copy_rows():
+  base_v, copy_v = tiny_cpu.get_config("base"), tiny_cpu.get_config("copy")
+  # Stage 1 is drill-only from a random init; stage 2 starts from its export.
+  assert copy_v.sft.copy_drill_only_steps == copy_v.sft.steps > 0 and copy_v.sft.copy_drill_rows
+  assert not copy_v.train.init_from and base_v.train.init_from == copy_v.sft.export_hf
+  # Both use content-copy rows (copy at a random offset), never the positional `x x` rows.
+  for v in (base_v, copy_v):
+    assert v.sft.copy_drill_row_len > 2 * v.sft.copy_drill_len
+  assert base_v.sft.export_hf == tiny_cpu.get_config().train.init_from
+  with pytest.raises(ValueError, match="'base' or 'copy'"):
+    tiny_cpu.get_config("large")
