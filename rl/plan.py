@@ -15,7 +15,7 @@ layers hold [heads, chunk or seq, seq] float32 scores per block) and the float32
 head. It is printed per micro-batch for several sequence lengths. With context parallelism
 (`activation_length` mapped to mesh axes) each row's per-token terms are divided over those
 axes' devices and attention adds the row's gathered keys and values; on host devices the
-measured split saved about half what this model says (README, "Context parallelism is a
+measured split saved about half what this model says (docs/model.md, "Context parallelism is a
 sharding rule").
 
 Below the train step it prints the rollout engine's side (rl/rollout/capacity.py), for a serve

@@ -12,7 +12,7 @@ projections get gradients at once, the rest as soon as those are non-zero).
 Train the result with the grown layer list in the config, e.g. for the tiny default
   --config.model.num_hidden_layers=5
   --config.model.layer_types="('linear_attention','linear_attention','linear_attention','full_attention','full_attention')"
-(README, "The tiny base checkpoint", has the measured run).
+(docs/experiments/tiny_base.md, "Stronger bases, and a fifth layer", has the measured run).
 """
 import argparse
 import glob

@@ -24,7 +24,7 @@ from envs.harness.world import EpisodeResult
 
 def group_train_mask(results: Sequence[EpisodeResult], max_timeouts_per_group: int
                      ) -> np.ndarray:
-  """Which trajectories may be trained on (DESIGN.md section 5).
+  """Which trajectories may be trained on (docs/design.md, "Error taxonomy and group masking").
 
   An infrastructure failure (engine_error, world_crash, harness_bug) masks its whole group;
   more than `max_timeouts_per_group` timeouts (tool_timeout, episode_timeout) mask the group,

@@ -22,7 +22,7 @@ Each trajectory ends with exactly one *outcome*. `ok` is a final answer; the oth
 Model-side failures below their budget (a malformed or unknown call that got a repair
 message, a tool error the model can react to) are *events*: counted per batch, never masking.
 
-Group masking (DESIGN.md section 5): an infra error in a group masks the whole group; more
+Group masking (docs/design.md, "Error taxonomy and group masking"): an infra error in a group masks the whole group; more
 than `max_timeouts_per_group` timed-out trajectories mask the group, fewer mask only the
 timed-out ones; context overflow trains with reward 0.
 """

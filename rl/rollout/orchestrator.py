@@ -304,7 +304,8 @@ class RolloutServer:
     return self
 
   def update_weights(self, params, version: Optional[int] = None) -> int:
-    """Weight sync: generations started after this call use `params` (see README)."""
+    """Weight sync: generations started after this call use `params` (rl/rollout/README.md,
+    "Weight sync")."""
     return self.engine.update_params(params, version)
 
   def busy_slots(self) -> int:

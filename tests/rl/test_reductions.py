@@ -55,7 +55,7 @@ def test_dead_rows_neither_add_nor_dilute():
 
 
 def _numpy_reduce(loss, mask, groups, mode, max_len=None):
-  """Direct transcription of DESIGN.md section 5 (live sequences / groups only)."""
+  """Direct transcription of docs/design.md, "Loss reductions" (live sequences / groups only)."""
   n = mask.sum(1)
   live = n > 0
   if mode == "token_mean":
