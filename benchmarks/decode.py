@@ -23,9 +23,13 @@ import numpy as np  # noqa: E402
 
 import bench_overrides as overrides  # noqa: E402  (a sibling: benchmarks/ is sys.path[0])
 
+import importlib.util  # noqa: E402
+import jax  # noqa: E402
+from models import qwen3_5  # noqa: E402
+from rl.rollout.engine import PrefillInput, QwenEngine, SamplingSettings  # noqa: E402
+
 
 def load_config(args):
-  import importlib.util  # pylint: disable=g-import-not-at-top
   spec = importlib.util.spec_from_file_location("bench_config", args.config)
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
@@ -39,8 +43,6 @@ def load_config(args):
 
 def bench_engine(config, params, prompts, tokens: int) -> float:
   """Engine decode tokens/s with len(prompts) slots."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from rl.rollout.engine import PrefillInput, QwenEngine, SamplingSettings  # pylint: disable=g-import-not-at-top
   c = len(prompts)
   n = prompts.shape[1]
   engine = QwenEngine.from_config(config, params=params, slots=c, max_len=n + tokens + 8,
@@ -67,8 +69,8 @@ def bench_engine(config, params, prompts, tokens: int) -> float:
 
 
 def bench_hf(path, prompts, tokens: int, dtype: str) -> float:
-  import torch  # pylint: disable=g-import-not-at-top
-  import transformers  # pylint: disable=g-import-not-at-top
+  import torch  # lazy: the reference only (test dependencies), and heavy
+  import transformers  # lazy: the reference only (test dependencies), and heavy
   model = transformers.AutoModelForCausalLM.from_pretrained(
       path, dtype=getattr(torch, dtype))
   model.eval()
@@ -110,8 +112,6 @@ def main():
   ap.add_argument("--torch_threads", type=int, default=0, help="0 = torch's default")
   args = ap.parse_args()
 
-  import jax  # pylint: disable=g-import-not-at-top
-  from models import qwen3_5  # pylint: disable=g-import-not-at-top
   config = load_config(args)
   cfg = qwen3_5.config_from_dict(config.model)
   params = qwen3_5.init_params(cfg, jax.random.key(config.seed))
@@ -123,7 +123,7 @@ def main():
   rng = np.random.default_rng(0)
   hf_dir = None
   if not args.skip_hf:
-    import torch  # pylint: disable=g-import-not-at-top
+    import torch  # lazy: the reference only (test dependencies), and heavy
     if args.torch_threads:
       torch.set_num_threads(args.torch_threads)
     hf_dir = tempfile.mkdtemp(prefix="decode_bench_")

@@ -26,6 +26,19 @@ import numpy as np  # noqa: E402
 
 import bench_overrides as config_overrides  # noqa: E402  (a sibling: benchmarks/ is sys.path[0])
 
+from configs import tiny_cpu  # noqa: E402
+from envs import eval_summary  # noqa: E402
+from envs import worlds  # noqa: E402
+from envs.chat import ChatFormat, load_tokenizer  # noqa: E402
+from envs.harness.jetstream_client import jetstream_policy_factory  # noqa: E402
+from envs.harness.pool import AgentPool  # noqa: E402
+from rl import evaluation  # noqa: E402
+from rl import metrics  # noqa: E402
+from rl import params_io  # noqa: E402
+from rl import rollouts  # noqa: E402
+from rl import task_data  # noqa: E402
+from rl.rollout.serve import build_server  # noqa: E402
+
 
 def _buckets(text: str) -> tuple:
   return tuple(int(b) for b in text.split(",") if b)
@@ -44,15 +57,6 @@ def prefill_lengths(results, fmt) -> list:
 
 
 def run_arm(config, params, buckets, overrides, tasks, fmt, passes: int = 1):
-  from envs.harness.pool import AgentPool
-  from envs import eval_summary
-  from rl import evaluation
-  from rl import metrics
-  from rl import params_io
-  from rl import rollouts
-  from rl import task_data
-  from envs.harness.jetstream_client import jetstream_policy_factory
-  from rl.rollout.serve import build_server
   cfg = config.copy_and_resolve_references()
   with cfg.unlocked():
     cfg.rollout.prefill_buckets = buckets
@@ -102,15 +106,6 @@ def main():
                   help="evals per arm on one server (the first pays the lazy compiles)")
   args = ap.parse_args()
 
-  from configs import tiny_cpu
-  from envs import worlds
-  from envs.chat import ChatFormat, load_tokenizer
-  from envs import eval_summary
-  from rl import evaluation
-  from rl import metrics
-  from rl import params_io
-  from rl import rollouts
-  from rl import task_data
   metrics.quiet_logs()
   config = tiny_cpu.get_config()
   worlds.ensure_worlds(config.envs)

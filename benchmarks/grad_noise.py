@@ -34,6 +34,21 @@ import numpy as np  # noqa: E402
 
 import bench_overrides  # noqa: E402  (a sibling: benchmarks/ is sys.path[0])
 
+import jax  # noqa: E402
+from configs import tiny_cpu  # noqa: E402
+from envs import worlds  # noqa: E402
+from envs.harness.jetstream_client import jetstream_policy_factory  # noqa: E402
+from envs.harness.pool import AgentPool  # noqa: E402
+from jax.flatten_util import ravel_pytree  # noqa: E402
+from models import sharding  # noqa: E402
+from rl import batch  # noqa: E402
+from rl import metrics  # noqa: E402
+from rl import params_io  # noqa: E402
+from rl import rollouts  # noqa: E402
+from rl import task_data  # noqa: E402
+from rl.rollout.serve import build_server  # noqa: E402
+from rl.train_step import TrainStep  # noqa: E402
+
 
 def _estimates(k: np.ndarray) -> tuple[float, float]:
   """(S, unbiased |G|^2) from the Gram matrix k = g g^T of n per-group gradients."""
@@ -76,7 +91,6 @@ def module_slices(params) -> dict:
   """module name -> index array into the raveled parameter vector (ravel_pytree's order):
   embed, final_norm, and per block its mixer (attention or Gated DeltaNet), ffn (MoE) and
   norms."""
-  import jax
   out: dict = {}
   start = 0
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
@@ -90,13 +104,10 @@ def module_slices(params) -> dict:
   return {k: np.concatenate(v) for k, v in out.items()}
 
 
-def per_group_grads(step_fn, params, batch) -> tuple[np.ndarray, list]:
+def per_group_grads(step_fn, params, example) -> tuple[np.ndarray, list]:
   """[n_live, params] float64 gradients of the step's loss, one informative group each."""
-  import jax
-  from jax.flatten_util import ravel_pytree
-  from models import sharding
   with sharding.use_mesh(step_fn.mesh, step_fn.rules):
-    prepared, _ = jax.jit(step_fn.prepare)(params, batch)
+    prepared, _ = jax.jit(step_fn.prepare)(params, example.as_arrays())
     mini = step_fn.add_weights(prepared)
     grad_fn = jax.jit(lambda p, mb: step_fn.loss_and_grads(p, mb)[1])
     gids = np.asarray(mini["group_ids"])
@@ -123,18 +134,6 @@ def main():
   ap.add_argument("--save", default="", help="write the per-group Gram matrix and group families (.npz)")
   args = ap.parse_args()
 
-  from configs import tiny_cpu
-  from envs import worlds
-  from envs.harness.pool import AgentPool
-  from models import sharding
-  from rl import batch
-  from rl import metrics
-  from rl import params_io
-  from rl import rollouts
-  from rl import task_data
-  from envs.harness.jetstream_client import jetstream_policy_factory
-  from rl.rollout.serve import build_server
-  from rl.train_step import TrainStep
   metrics.quiet_logs()
   config = tiny_cpu.get_config()
   config.unlock()
@@ -165,10 +164,10 @@ def main():
   finally:
     server.stop()
   t_roll = time.monotonic() - t0
-  batch, _ = batch.build_batch(results, cfg)
+  example, _ = batch.build_batch(results, cfg)
   step_fn = TrainStep(cfg, sharding.make_mesh(cfg.mesh))
   t0 = time.monotonic()
-  g, groups = per_group_grads(step_fn, params, batch)
+  g, groups = per_group_grads(step_fn, params, example)
   t_grad = time.monotonic() - t0
   families = [picked[gid].family for gid in groups]
   fam = {f: families.count(f) for f in dict.fromkeys(families)}

@@ -36,6 +36,8 @@ from envs.harness.pool import AgentPool  # noqa: E402
 from envs.harness.trajectory import Trajectory  # noqa: E402
 from envs.harness.episodes import task_episodes  # noqa: E402
 
+from envs import scripted_eval  # noqa: E402
+
 
 def token_path_per_turn(fmt, n_turns=2000):
   """Seconds per turn of the harness's own token work on a realistic tool turn."""
@@ -75,7 +77,6 @@ def run_harness(c, tasks, conc):
 
 
 def run_peer(c, tasks, conc, root):
-  from envs import scripted_eval
   t0 = time.monotonic()
   outs = scripted_eval.run_tasks(tasks, c.envs, "oracle", "mcp", conc, root)
   return outs, time.monotonic() - t0

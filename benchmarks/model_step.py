@@ -56,8 +56,8 @@ def jax_step_time(cfg, tokens, iters):
 
 
 def torch_step_time(cfg, params, tokens, iters):
-  import torch  # pylint: disable=g-import-not-at-top
-  import transformers  # pylint: disable=g-import-not-at-top
+  import torch  # lazy: the reference only (test dependencies), and heavy
+  import transformers  # lazy: the reference only (test dependencies), and heavy
   with tempfile.TemporaryDirectory() as d:
     qwen3_5.save_hf(cfg, params, d)
     model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)

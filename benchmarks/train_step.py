@@ -38,6 +38,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from models import qwen3_5  # noqa: E402
 from models import sharding  # noqa: E402
+from rl import grpo  # noqa: E402
 from rl import train_step  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny_cpu.py", "Config file.")
@@ -103,7 +104,6 @@ def main(argv):
   host = synthetic_batch(config)
   packed_dt = None
   if _LIVE.value >= 0:
-    from rl import grpo
     s = config.train.samples_per_prompt
     host["rewards"][_LIVE.value * s:] = 1.0          # groups past the first K: all pass
     live = grpo.live_rows(host["rewards"], host["group_ids"], np.ones(len(host["rewards"]), bool),

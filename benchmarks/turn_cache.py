@@ -20,12 +20,16 @@ from concurrent import futures
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import numpy as np  # noqa: E402
+from configs import tiny_cpu  # noqa: E402
+from envs.harness.jetstream_client import TokenClient  # noqa: E402
+from envs.harness.policy import SamplingParams  # noqa: E402
+from rl import metrics  # noqa: E402
+from rl import params_io  # noqa: E402
+from rl.rollout.serve import build_server  # noqa: E402
+
 
 def run_arm(config, params, turn_cache: int, args):
-  import numpy as np
-  from envs.harness.policy import SamplingParams
-  from envs.harness.jetstream_client import TokenClient
-  from rl.rollout.serve import build_server
   cfg = config.copy_and_resolve_references()
   with cfg.unlocked():
     cfg.rollout.turn_cache = turn_cache
@@ -76,9 +80,6 @@ def main():
   ap.add_argument("--passes", type=int, default=2, help="runs of the conversations; the last is compared")
   args = ap.parse_args()
 
-  from configs import tiny_cpu
-  from rl import metrics
-  from rl import params_io
   metrics.quiet_logs()
   config = tiny_cpu.get_config()
   params = params_io.init_params(config)
