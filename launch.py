@@ -14,7 +14,10 @@ import sys
 
 from absl import app
 from absl import flags
+import jax
 from ml_collections import config_flags
+
+from rl import sweep
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/tiny_cpu.py", "Config file, optionally with `:arg`.", lock_config=True)
@@ -43,7 +46,6 @@ def _maybe_initialize_distributed():
   """On a pod every host runs the same command; JAX learns its peers from the environment."""
   if any(k in os.environ for k in ("JAX_COORDINATOR_ADDRESS", "MEGASCALE_COORDINATOR_ADDRESS",
                                    "TPU_WORKER_HOSTNAMES")) and int(os.environ.get("JAX_NUM_PROCESSES", "2")) > 1:
-    import jax
     jax.distributed.initialize()
 
 
@@ -51,7 +53,6 @@ def _use_compilation_cache(config):
   """Points XLA's persistent compilation cache at config.jax_cache_dir (before any compile)."""
   if not config.jax_cache_dir:
     return
-  import jax
   jax.config.update("jax_compilation_cache_dir", os.path.abspath(config.jax_cache_dir))
   jax.config.update("jax_persistent_cache_min_compile_time_secs",
                     float(config.jax_cache_min_compile_s))
@@ -61,7 +62,6 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if _SWEEP.value:
-    from rl import sweep  # pylint: disable=g-import-not-at-top
     sweep.run_sweep(_SWEEP.value, _CONFIG.value, _MODE.value, sys.argv, dry_run=_DRY_RUN.value)
     return
   _maybe_initialize_distributed()
