@@ -11,23 +11,24 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import sharding as shd
+from models import sharding
 from rl import checkpoint as ckpt_lib
-from rl import train_step as ts
+from rl import grpo
+from rl import train_step
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import train_utils as tu  # noqa: E402
+import train_utils  # noqa: E402
 
 
 def _single_device_mesh(config):
   with config.mesh.unlocked():
     config.mesh.shape = (1, 1, 1, 1)
-  return shd.make_mesh(config.mesh, devices=jax.devices()[:1])
+  return sharding.make_mesh(config.mesh, devices=jax.devices()[:1])
 
 
 def _mesh(config, shape):
   with config.mesh.unlocked():
     config.mesh.shape = shape
-  return shd.make_mesh(config.mesh)
+  return sharding.make_mesh(config.mesh)
 
 
 _CACHE = {}
@@ -37,9 +38,9 @@ def _step(name, shape=None, **overrides):
   """A cached TrainStep; shape None = one device."""
   key = (name, shape, tuple(sorted(overrides.items())))
   if key not in _CACHE:
-    c = tu.small_config(**overrides)
+    c = train_utils.small_config(**overrides)
     mesh = _single_device_mesh(c) if shape is None else _mesh(c, shape)
-    _CACHE[key] = ts.TrainStep(c, mesh, return_grads=True)
+    _CACHE[key] = train_step.TrainStep(c, mesh, return_grads=True)
   return _CACHE[key]
 
 
@@ -48,7 +49,7 @@ def base_state_and_batch():
   step = _step("single")
   state = step.init_state(jax.random.key(0))
   host_state = jax.device_get(state)
-  batch = tu.make_batch(step.config, state["params"], seed=1)
+  batch = train_utils.make_batch(step.config, state["params"], seed=1)
   return host_state, batch
 
 
@@ -119,7 +120,6 @@ def test_sharded_step_matches_single_device(base_state_and_batch, shape):
 def test_step_with_filtered_groups_packed_and_skipped_matches_one_micro_batch(base_state_and_batch):
   """A zero-variance group, its rows packed into the last micro-batch (rl.batch.build_batch) which
   the step then skips: same loss, metrics and update as the whole batch in one micro-batch."""
-  from rl import grpo
   host_state, batch = base_state_and_batch
   batch = {k: np.array(v) for k, v in batch.items()}
   first = batch["group_ids"] == batch["group_ids"][0]
@@ -147,10 +147,10 @@ def test_recomputed_old_logprobs_are_the_current_params_logprobs_in_row_order(
   step = _step("single", **{"rl.recompute_old_logprobs": True, "train.micro_batches": 2})
   batch = dict(batch, rollout_logprobs=np.full_like(batch["rollout_logprobs"], -5.0))
   params = _put_state(step, host_state)["params"]
-  with shd.use_mesh(step.mesh, step.rules):
+  with sharding.use_mesh(step.mesh, step.rules):
     prepared, _ = jax.jit(step.prepare)(params, step.shard_batch(batch))
-    want, _ = jax.jit(lambda p, t: ts.token_logprobs(step.model_cfg, p, t,
-                                                     step.config.rl.temperature))(
+    want, _ = jax.jit(lambda p, t: train_step.token_logprobs(step.model_cfg, p, t,
+                                                             step.config.rl.temperature))(
         params, jnp.asarray(batch["tokens"]))
   got, want = np.asarray(prepared["old_logprobs"]), np.asarray(want)
   assert np.abs(got - want).max() < 1e-4
@@ -245,13 +245,13 @@ def test_corrupt_checkpoint_falls_back(base_state_and_batch, tmp_path):
 
 
 def test_optimizer_schedule():
-  c = tu.small_config(**{"optim.warmup_steps": 4, "optim.schedule": "cosine", "optim.lr": 1.0,
-                         "optim.min_lr_ratio": 0.1, "train.steps": 14})
-  sched = ts.make_schedule(c.optim, c.train.steps)
+  c = train_utils.small_config(**{"optim.warmup_steps": 4, "optim.schedule": "cosine",
+                                  "optim.lr": 1.0, "optim.min_lr_ratio": 0.1, "train.steps": 14})
+  sched = train_step.make_schedule(c.optim, c.train.steps)
   np.testing.assert_allclose([float(sched(i)) for i in (0, 2, 4, 14)], [0.0, 0.5, 1.0, 0.1],
                              atol=1e-6)
-  c = tu.small_config(**{"optim.schedule": "constant"})
-  assert float(ts.make_schedule(c.optim, 10)(7)) == c.optim.lr
+  c = train_utils.small_config(**{"optim.schedule": "constant"})
+  assert float(train_step.make_schedule(c.optim, 10)(7)) == c.optim.lr
 
 
 def test_sgd_moves_each_weight_in_proportion_to_its_gradient_where_adamw_takes_a_sign_step():
@@ -259,16 +259,16 @@ def test_sgd_moves_each_weight_in_proportion_to_its_gradient_where_adamw_takes_a
   params = {"w": jnp.zeros(3)}
   moved = {}
   for name in ("adamw", "sgd"):
-    c = tu.small_config(**{"optim.name": name, "optim.lr": 0.1, "optim.grad_clip": 0.0,
+    c = train_utils.small_config(**{"optim.name": name, "optim.lr": 0.1, "optim.grad_clip": 0.0,
                            "optim.eps": 1e-8, "optim.weight_decay": 0.0})
-    tx = ts.make_optimizer(c.optim, 10)
+    tx = train_step.make_optimizer(c.optim, 10)
     updates, _ = tx.update(grads, tx.init(params), params)
     moved[name] = np.asarray(updates["w"])
   np.testing.assert_allclose(moved["adamw"], [-0.1, -0.1, -0.1], rtol=1e-3)
   np.testing.assert_allclose(moved["sgd"], [-1e-5, -1e-3, -0.1], rtol=1e-5)
-  c = tu.small_config(**{"optim.name": "lion"})
+  c = train_utils.small_config(**{"optim.name": "lion"})
   with pytest.raises(ValueError, match="unknown optim.name 'lion'"):
-    ts.make_optimizer(c.optim, 10)
+    train_step.make_optimizer(c.optim, 10)
 
 
 def test_trainable_pattern_updates_only_matching_params_and_clips_over_them(base_state_and_batch):
@@ -277,16 +277,17 @@ def test_trainable_pattern_updates_only_matching_params_and_clips_over_them(base
   host_state, _ = base_state_and_batch
   params = host_state["params"]
   grads = jax.tree_util.tree_map(lambda p: jnp.full(p.shape, 3.0, jnp.float32), params)
-  c = tu.small_config(**{"optim.trainable": r"norm$", "optim.lr": 0.1, "optim.grad_clip": 1.0})
-  tx = ts.make_optimizer(c.optim, 10)
+  c = train_utils.small_config(**{"optim.trainable": r"norm$", "optim.lr": 0.1,
+                                  "optim.grad_clip": 1.0})
+  tx = train_step.make_optimizer(c.optim, 10)
   opt_state = tx.init(params)
   updates, _ = tx.update(grads, opt_state, params)
   labels = jax.tree_util.tree_map(lambda m: "train" if m else "frozen",
-                                  ts.trainable_mask(r"norm$", params))
+                                  train_step.trainable_mask(r"norm$", params))
   moved = frozen = 0
   for (path, u), label in zip(jax.tree_util.tree_leaves_with_path(updates),
                               jax.tree_util.tree_leaves(labels)):
-    name = ts.param_path(path)
+    name = train_step.param_path(path)
     assert (label == "train") == name.endswith("norm"), name
     if label == "train":
       moved += 1
@@ -299,8 +300,8 @@ def test_trainable_pattern_updates_only_matching_params_and_clips_over_them(base
   only = {k: v for k, v in enumerate(
       l for l, lab in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(labels))
       if lab == "train")}
-  c_all = tu.small_config(**{"optim.lr": 0.1, "optim.grad_clip": 1.0})
-  plain = ts.make_optimizer(c_all.optim, 10)
+  c_all = train_utils.small_config(**{"optim.lr": 0.1, "optim.grad_clip": 1.0})
+  plain = train_step.make_optimizer(c_all.optim, 10)
   g_only = jax.tree_util.tree_map(lambda p: jnp.full(p.shape, 3.0, jnp.float32), only)
   ref, _ = plain.update(g_only, plain.init(only), only)
   got = [u for u, lab in zip(jax.tree_util.tree_leaves(updates), jax.tree_util.tree_leaves(labels))
@@ -309,9 +310,9 @@ def test_trainable_pattern_updates_only_matching_params_and_clips_over_them(base
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
   for bad, match in (("no_such_param", "matches no parameter"),
                      ("final_norm(", "not a regular expression")):
-    c = tu.small_config(**{"optim.trainable": bad})
+    c = train_utils.small_config(**{"optim.trainable": bad})
     with pytest.raises(ValueError, match=match):
-      ts.make_optimizer(c.optim, 10).init(params)
+      train_step.make_optimizer(c.optim, 10).init(params)
 
 
 def test_context_parallel_step_matches_single_device(base_state_and_batch):
@@ -325,10 +326,10 @@ def test_context_parallel_step_matches_single_device(base_state_and_batch):
   ref_state, ref_m = ref(_put_state(ref, host_state), ref.shard_batch(batch))
   ref_m, ref_p = jax.device_get(ref_m), jax.device_get(ref_state["params"])
 
-  c = tu.small_config(**long_context)
+  c = train_utils.small_config(**long_context)
   with c.mesh.unlocked():
-    c.mesh.rules = shd.context_parallel_rules(c.mesh.rules, "fsdp")
-  step = ts.TrainStep(c, _mesh(c, (1, 4, 2, 1)), return_grads=True)
+    c.mesh.rules = sharding.context_parallel_rules(c.mesh.rules, "fsdp")
+  step = train_step.TrainStep(c, _mesh(c, (1, 4, 2, 1)), return_grads=True)
   # 8 rows, 4 micro-batches: 2 rows a micro-batch, one per `expert` shard, each split 4 ways.
   assert dict(step.rules)["activation_length"] == "fsdp"
   assert dict(step.rules)["batch"] == ("data", "expert")
@@ -345,7 +346,7 @@ def test_a_batch_padded_to_a_shorter_bucket_trains_as_at_the_full_row_length(bas
   configured row length); other row lengths are refused."""
   host_state, batch = base_state_and_batch
   step = _step("single", **{"train.seq_buckets": (16,), "rl.loss_reduction": "seq_mean_token_sum_norm"})
-  short = tu.make_batch(tu.small_config(**{"train.seq_len": 16}), seed=3)
+  short = train_utils.make_batch(train_utils.small_config(**{"train.seq_len": 16}), seed=3)
   full = {k: np.pad(v, ((0, 0), (0, 8))) if v.ndim == 2 else v for k, v in short.items()}
   outs = []
   for b in (full, short):
