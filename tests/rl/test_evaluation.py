@@ -1,5 +1,5 @@
 """The RL run's summary.json: the improvement rule, the paired interval, the eval temperature."""
-import dataclasses
+import types
 
 import pytest
 
@@ -8,18 +8,12 @@ from envs import eval_summary
 from rl import evaluation
 
 
-@dataclasses.dataclass
-class _R:
-  task_id: str
-  passed: bool
-  reward: float
-  outcome: str = "ok"
+def _R(task_id, passed, reward):   # an episode result, as the summary reads it
+  return types.SimpleNamespace(task_id=task_id, passed=passed, reward=reward, outcome="ok")
 
 
-@dataclasses.dataclass
-class _T:
-  id: str
-  family: str = "xlsx_lookup"
+def _T(task_id):   # a held-out task
+  return types.SimpleNamespace(id=task_id, family="xlsx_lookup")
 
 
 def test_summary_format_and_improvement_rule():
