@@ -17,6 +17,7 @@ from absl import flags
 import jax
 from ml_collections import config_flags
 
+from rl import distributed
 from rl import sweep
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -42,13 +43,6 @@ _MODES = {
 }
 
 
-def _maybe_initialize_distributed():
-  """On a pod every host runs the same command; JAX learns its peers from the environment."""
-  if any(k in os.environ for k in ("JAX_COORDINATOR_ADDRESS", "MEGASCALE_COORDINATOR_ADDRESS",
-                                   "TPU_WORKER_HOSTNAMES")) and int(os.environ.get("JAX_NUM_PROCESSES", "2")) > 1:
-    jax.distributed.initialize()
-
-
 def _use_compilation_cache(config):
   """Points XLA's persistent compilation cache at config.jax_cache_dir (before any compile)."""
   if not config.jax_cache_dir:
@@ -64,7 +58,9 @@ def main(argv):
   if _SWEEP.value:
     sweep.run_sweep(_SWEEP.value, _CONFIG.value, _MODE.value, sys.argv, dry_run=_DRY_RUN.value)
     return
-  _maybe_initialize_distributed()
+  # On a pod every host runs this same command; JAX learns its peers from the environment.
+  distributed.initialize(_CONFIG.value)
+  distributed.check_same_run(_CONFIG.value)
   _use_compilation_cache(_CONFIG.value)
   module_name, fn_name = _MODES[_MODE.value].split(":")
   try:

@@ -316,4 +316,13 @@ def get_config() -> ml_collections.ConfigDict:
   c.loop.bootstrap = 2000            # bootstrap resamples of the 95% intervals
   c.loop.progress = True             # tqdm progress bars with ETA on the console
   c.loop.tensorboard = True          # also write metrics as TensorBoard events (JSONL always)
+
+  # One job over many processes (rl/distributed.py): every host runs the same command; JAX reads
+  # its peers from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID (or a TPU / SLURM
+  # environment). scripts/local_pod.py starts such a job on one machine.
+  c.distributed = ml_collections.ConfigDict()
+  c.distributed.heartbeat_timeout_s = 30   # a process silent this long is dead: every other one stops with an error
+  c.distributed.init_timeout_s = 300       # how long the processes wait for each other at start
+  c.distributed.exchange_timeout_s = 3600  # how long a process waits for its peers' share of a step (rollouts, evals)
+  c.distributed.cpu_collectives = "gloo"   # collectives between processes on the CPU backend (fake devices, tests)
   return c
