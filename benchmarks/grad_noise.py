@@ -104,10 +104,11 @@ def module_slices(params) -> dict:
   return {k: np.concatenate(v) for k, v in out.items()}
 
 
-def per_group_grads(step_fn, params, example) -> tuple[np.ndarray, list]:
-  """[n_live, params] float64 gradients of the step's loss, one informative group each."""
+def per_group_grads(step_fn, params, arrays: dict) -> tuple[np.ndarray, list]:
+  """[n_live, params] float64 gradients of the step's loss, one informative group each.
+  `arrays`: the batch as the jitted step takes it (`TrainExample.as_arrays()`)."""
   with sharding.use_mesh(step_fn.mesh, step_fn.rules):
-    prepared, _ = jax.jit(step_fn.prepare)(params, example.as_arrays())
+    prepared, _ = jax.jit(step_fn.prepare)(params, arrays)
     mini = step_fn.add_weights(prepared)
     grad_fn = jax.jit(lambda p, mb: step_fn.loss_and_grads(p, mb)[1])
     gids = np.asarray(mini["group_ids"])
@@ -167,7 +168,7 @@ def main():
   example, _ = batch.build_batch(results, cfg)
   step_fn = TrainStep(cfg, sharding.make_mesh(cfg.mesh))
   t0 = time.monotonic()
-  g, groups = per_group_grads(step_fn, params, example)
+  g, groups = per_group_grads(step_fn, params, example.as_arrays())
   t_grad = time.monotonic() - t0
   families = [picked[gid].family for gid in groups]
   fam = {f: families.count(f) for f in dict.fromkeys(families)}
