@@ -61,6 +61,9 @@ def main(argv):
   # On a pod every host runs this same command; JAX learns its peers from the environment.
   distributed.initialize(_CONFIG.value)
   distributed.check_same_run(_CONFIG.value)
+  if not distributed.is_writer():
+    # Process 0 speaks for the job; the others' errors still reach stderr.
+    sys.stdout = open(os.devnull, "w", encoding="utf-8")
   _use_compilation_cache(_CONFIG.value)
   module_name, fn_name = _MODES[_MODE.value].split(":")
   try:

@@ -198,6 +198,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Memory plan (--mode=plan, rl/plan.py): shapes only, nothing allocated.
   c.plan = ml_collections.ConfigDict()
   c.plan.num_devices = 0             # devices of the target slice; 0 = the devices present
+  c.plan.num_processes = 0           # hosts (processes) of the target job; 0 = this job's
   c.plan.device_kind = "cpu"         # label of the target device (e.g. H200, TPU v5p)
   c.plan.device_memory_gib = 16.0    # memory per device the plan must fit in
   c.plan.seq_lens = ()               # sequence lengths tabulated; () = train.seq_len only

@@ -17,12 +17,15 @@ thread while the main thread runs the train step's collectives.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import pickle
 
 import jax
 from jax._src import distributed as jax_distributed
+import numpy as np
+from jax.experimental import multihost_utils
 
 # The variables a multi-process launch sets (any one of them asks for `jax.distributed`).
 COORDINATOR_VARS = ("JAX_COORDINATOR_ADDRESS", "MEGASCALE_COORDINATOR_ADDRESS",
@@ -113,6 +116,15 @@ def exchange(tag: str, obj, timeout_s: float = 3600.0) -> list:
   return out
 
 
+_exchanges = itertools.count()
+
+
+def next_tag(kind: str) -> str:
+  """A tag for the next exchange of `kind`: every process makes its exchanges in the same
+  order, so the n-th tag is the same on each."""
+  return f"{kind}/{next(_exchanges)}"
+
+
 def gather(tag: str, items: list, timeout_s: float = 3600.0) -> list:
   """The concatenation, in process order, of every process's `items`."""
   return [x for part in exchange(tag, list(items), timeout_s) for x in part]
@@ -173,3 +185,24 @@ def check_same_run(config, timeout_s: float | None = None) -> None:
   if problems:
     raise SystemExit("every process of one job must run the same command: "
                      + "; ".join(problems))
+
+
+def host_copy(params):
+  """`params` whole on this process (numpy), for an engine on this process's own devices; with
+  one process, `params` as they are (the engine then copies them device to device). A
+  collective: every process calls it at the same point. It moves each host the bytes of the
+  shards it does not hold (`--mode=plan` and benchmarks/pod_scaling.py size it)."""
+  if jax.process_count() == 1:
+    return params
+  return multihost_utils.process_allgather(params, tiled=True)
+
+
+def replicated(tree):
+  """Process-local arrays holding the same values on every process (e.g. what SFT trained on
+  each) as global arrays replicated over every device, which multi-process orbax saves and the
+  train state's shardings take; with one process, `tree` as it is."""
+  if jax.process_count() == 1:
+    return tree
+  everywhere = jax.sharding.NamedSharding(jax.sharding.Mesh(jax.devices(), ("all",)),
+                                          jax.sharding.PartitionSpec())
+  return jax.tree.map(lambda x: jax.device_put(np.asarray(x), everywhere), tree)

@@ -27,6 +27,7 @@ import numpy as np
 from envs import eval_summary
 from envs import worlds
 from models import sharding
+from rl import distributed
 from rl.batch import build_batch
 from rl.batch import check_batch_shape
 from rl.checkpoint import Checkpointer
@@ -97,7 +98,7 @@ def rl_step(run: RLRun, state: dict, step: int) -> tuple[dict, dict, int]:
   state, tm = run.step_fn(state, run.step_fn.shard_batch(example))
   jax.block_until_ready(state["params"])   # so the sync time below is the sync's alone
   t_sync = time.monotonic()
-  run.server.update_weights(state["params"], version=step + 1)   # sync
+  run.server.update_weights(distributed.host_copy(state["params"]), version=step + 1)  # sync
   run.served_version = step + 1
   t_sync = time.monotonic() - t_sync
   m.update({k: float(v) for k, v in jax.device_get(tm).items() if np.ndim(v) == 0})
@@ -150,6 +151,10 @@ def restore_or_start(config, step_fn: TrainStep, ckpt: Checkpointer, metrics: Me
   params = start_params(config, step_fn.state_shardings["params"], metrics)
   state = step_fn.init_state(jax.random.key(config.seed))
   if params is not None:
+    # Params SFT just trained live on each process's own device (the same values on every
+    # process): replicated over the whole job first.
+    if any(x.is_fully_addressable for x in jax.tree.leaves(params)):
+      params = distributed.replicated(params)
     state = with_params(step_fn, state, params)
   return 0, state, {}
 
@@ -174,7 +179,8 @@ def run_rl(config, flags=None) -> dict:
   summary = dict(meta.get("summary") or {})
   try:
     # The engine copies the weights device to device (rl/rollout/engine.py, _place).
-    with served_policy(config, state["params"], start_step) as (server, cfg, pool):
+    with served_policy(config, distributed.host_copy(state["params"]), start_step) as (
+        server, cfg, pool):
       if "before_rl" not in summary:
         s = evaluate(pool, cfg, eval_tasks, 0, "before RL")
         summary["before_rl"] = s

@@ -11,6 +11,8 @@ from absl import logging as absl_logging
 import numpy as np
 from tqdm import tqdm
 
+from rl import distributed
+
 
 def run_dir(config) -> str:
   """runs/<name>: everything one run writes."""
@@ -18,12 +20,15 @@ def run_dir(config) -> str:
 
 
 class Metrics:
-  """JSONL (always) and TensorBoard (config.loop.tensorboard) under the run directory."""
+  """JSONL (always) and TensorBoard (config.loop.tensorboard) under the run directory. In a
+  multi-process job only process 0 writes (every process holds the same figures)."""
 
   def __init__(self, run_dir: str, tensorboard: bool):
+    self._f = self._tb = None
+    if not distributed.is_writer():
+      return
     os.makedirs(run_dir, exist_ok=True)
     self._f = open(os.path.join(run_dir, "metrics.jsonl"), "a", encoding="utf-8")
-    self._tb = None
     if tensorboard:
       try:
         # lazy: TensorBoard is optional; the JSONL has everything.
@@ -33,6 +38,8 @@ class Metrics:
         self._tb = None
 
   def write(self, step: int, phase: str, metrics: dict) -> None:
+    if self._f is None:
+      return
     flat = {k: float(v) for k, v in metrics.items() if np.ndim(v) == 0 and _is_num(v)}
     self._f.write(json.dumps({"step": int(step), "phase": phase, "time": time.time(), **flat})
                   + "\n")
@@ -43,7 +50,8 @@ class Metrics:
       self._tb.flush()
 
   def close(self):
-    self._f.close()
+    if self._f is not None:
+      self._f.close()
     if self._tb is not None:
       self._tb.close()
 
@@ -57,15 +65,19 @@ def _is_num(v) -> bool:
 
 
 def progress_bar(config, total: int, desc: str):
-  """A tqdm bar (off with loop.progress=False)."""
+  """A tqdm bar (off with loop.progress=False, and on every process but 0)."""
   # Redirected to a file, a bar that redraws ten times a second fills it: every 30 s then.
   interval = 0.1 if sys.stderr.isatty() else 30.0
-  return tqdm(total=total, desc=desc, disable=not config.loop.progress, dynamic_ncols=True,
-              leave=True, mininterval=interval)
+  shown = bool(config.loop.progress) and distributed.is_writer()
+  return tqdm(total=total, desc=desc, disable=not shown, dynamic_ncols=True, leave=True,
+              mininterval=interval)
 
 
 def write_json(path: str, obj) -> None:
-  """`obj` as JSON at `path`, written to a temporary file and renamed: never half a file."""
+  """`obj` as JSON at `path`, written to a temporary file and renamed: never half a file. In a
+  multi-process job only process 0 writes."""
+  if not distributed.is_writer():
+    return
   tmp = path + ".tmp"
   with open(tmp, "w", encoding="utf-8") as f:
     json.dump(obj, f, indent=1)

@@ -44,23 +44,30 @@ def _abstract_mesh(config, num_devices: int) -> AbstractMesh:
   return AbstractMesh(shape, tuple(config.mesh.axes), axis_types=(AxisType.Auto,) * len(shape))
 
 
-def _per_device_bytes(shapes, axes_tree, mesh, rules, dtype_override=None) -> int:
-  """Sum over leaves of ceil(shard size) * itemsize, shards from the logical rules."""
-  total = 0
-  leaves = jax.tree.leaves(jax.tree.map(
+def _leaves(axes_tree, shapes) -> list:
+  """(logical axes, ShapeDtypeStruct) of every param."""
+  return jax.tree.leaves(jax.tree.map(
       lambda a, s: (a, s), axes_tree, shapes, is_leaf=lambda x: isinstance(x, tuple) and all(
           isinstance(e, str) or e is None for e in x)), is_leaf=lambda x: isinstance(x, tuple)
       and len(x) == 2 and isinstance(x[1], jax.ShapeDtypeStruct))
-  for axes, sds in leaves:
-    spec = sharding.logical_to_spec(axes, rules, mesh, sds.shape)
-    n = 1
-    for dim, target in zip(sds.shape, tuple(spec) + (None,) * (len(sds.shape) - len(spec))):
-      ways = 1 if target is None else math.prod(
-          mesh.shape[t] for t in ((target,) if isinstance(target, str) else target))
-      n *= -(-dim // ways)
-    itemsize = jnp.dtype(dtype_override or sds.dtype).itemsize
-    total += n * itemsize
-  return total
+
+
+def _shard_elements(axes, sds, mesh, rules) -> int:
+  """Elements of one device's shard of a param (rounded up), shards from the logical rules."""
+  spec = sharding.logical_to_spec(axes, rules, mesh, sds.shape)
+  n = 1
+  for dim, target in zip(sds.shape, tuple(spec) + (None,) * (len(sds.shape) - len(spec))):
+    ways = 1 if target is None else math.prod(
+        mesh.shape[t] for t in ((target,) if isinstance(target, str) else target))
+    n *= -(-dim // ways)
+  return n
+
+
+def _per_device_bytes(shapes, axes_tree, mesh, rules, dtype_override=None) -> int:
+  """Sum over leaves of ceil(shard size) * itemsize, shards from the logical rules."""
+  return sum(_shard_elements(axes, sds, mesh, rules)
+             * jnp.dtype(dtype_override or sds.dtype).itemsize
+             for axes, sds in _leaves(axes_tree, shapes))
 
 
 def memory_plan(config, num_devices: int, seq_lens=None) -> dict:
@@ -213,6 +220,27 @@ def sharing_the_trainers_devices(config, num_devices: int = 0):
   return c
 
 
+def weight_sync_bytes_per_host(config, num_devices: int, num_processes: int) -> int:
+  """Bytes one weight sync brings to each host when every process's rollout engine serves from
+  that process's own devices (rl/distributed.host_copy): each param's bytes (param dtype) that
+  the host's devices do not hold, from the mesh's logical rules, the host holding
+  num_devices / num_processes of the devices, each with distinct shards. 0 for one process,
+  where the engine copies device to device."""
+  if num_processes <= 1:
+    return 0
+  mc = qwen3_5.config_from_dict(config.model)
+  mesh = _abstract_mesh(config, num_devices)
+  rules = sharding.rules_from_config(config.mesh.rules)
+  shapes = jax.eval_shape(functools.partial(qwen3_5.init_params, mc), jax.random.key(0))
+  per_host = num_devices // num_processes
+  moved = 0
+  for axes, sds in _leaves(qwen3_5.param_axes(mc), shapes):
+    whole = math.prod(sds.shape)
+    held = min(whole, _shard_elements(axes, sds, mesh, rules) * per_host)
+    moved += (whole - held) * jnp.dtype(sds.dtype).itemsize
+  return int(moved)
+
+
 def _size(b: float) -> str:
   return f"{b / GiB:.2f} GiB" if b >= GiB / 4 else f"{b / 2**20:.2f} MiB"
 
@@ -257,4 +285,9 @@ def main(config, flags=None):
   print(format_plan(config, plan))
   print()
   print(format_rollout_plan(config, n))
+  hosts = int(config.plan.num_processes) or jax.process_count()
+  if hosts > 1:
+    print(f"\nweight sync over {hosts} processes of {n // hosts} devices: each host gathers "
+          f"{_size(weight_sync_bytes_per_host(config, n, hosts))} a step (the shards its devices "
+          f"do not hold, {config.model.param_dtype}; rl/distributed.host_copy)")
   return plan

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextlib
 
+import jax
 import numpy as np
 
 from envs import sandbox
 from envs.harness.jetstream_client import jetstream_policy_factory
 from envs.harness.pool import AgentPool
+from rl import distributed
 from rl.batch import informative_groups
 from rl.batch import pick_groups
 from rl.metrics import progress_bar
@@ -41,8 +43,9 @@ def report_isolation(config) -> None:
 
 
 def run_pool(pool, episodes, config, desc: str):
-  """pool.run with a progress bar that moves with each finished episode; results in episode
-  order. One call for the whole list, so the pool can keep each worker on one warm world."""
+  """`run_episodes` with a progress bar that moves with each finished episode; results in
+  episode order. One call for the whole list, so the pool can keep each worker on one warm
+  world."""
   report_isolation(config)
   passed = []
   with progress_bar(config, len(episodes), desc) as bar:
@@ -50,7 +53,20 @@ def run_pool(pool, episodes, config, desc: str):
       passed.append(r.passed)
       bar.update(1)
       bar.set_postfix(pass_rate=f"{np.mean(passed):.3f}", refresh=False)
+    return run_episodes(pool, episodes, config, on_result)
+
+
+def run_episodes(pool, episodes, config, on_result=None) -> list:
+  """The results of `episodes`, in episode order. In a multi-process job each process runs the
+  episodes of its share of the groups (`distributed.share`: contiguous, so no group straddles
+  two processes) on its own agent pool and engine, and every process gets every result."""
+  if jax.process_count() == 1:
     return pool.run(episodes, on_result=on_result)
+  groups = list(dict.fromkeys(e.group_id for e in episodes))
+  mine = set(groups[distributed.share(len(groups))])
+  local = pool.run([e for e in episodes if e.group_id in mine], on_result=on_result)
+  return distributed.gather(distributed.next_tag("episodes"), local,
+                            float(config.distributed.exchange_timeout_s))
 
 
 def engine_scalars(server) -> dict:
@@ -113,7 +129,7 @@ def draw_rollouts(pool, stream, cfg, step: int) -> tuple[list, dict]:
   while True:
     eps = make_episodes(stream.take(p), cfg, g, first_group=draws * p,
                         seed_offset=DRAW_SEED_STRIDE * (step + 1))
-    results += pool.run(eps)
+    results += run_episodes(pool, eps, cfg)
     draws += 1
     if max_draws == 1:
       return results, {"train/draws": 1.0}

@@ -25,6 +25,7 @@ from envs.harness.batch import collate
 from envs.harness.oracle import oracle_factory
 from envs.harness.pool import AgentPool
 from models import qwen3_5
+from rl import distributed
 from rl.metrics import Metrics
 from rl.metrics import progress_bar
 from rl.metrics import quiet_logs
@@ -283,9 +284,9 @@ def run_sft(config, metrics: Optional[Metrics] = None):
   start = start_fingerprint(config)
 
   def export(step, params):
-    save_params(sft_dir(config), params, {"steps": int(step), "episodes": len(ok),
-                                          "start": start}, step)
-    if config.sft.export_hf:
+    save_params(sft_dir(config), distributed.replicated(params),
+                {"steps": int(step), "episodes": len(ok), "start": start}, step)
+    if config.sft.export_hf and distributed.is_writer():
       qwen3_5.save_hf(model_cfg, params, config.sft.export_hf)
 
   params = sft_train(config, data, init_params(config), metrics, val, export)

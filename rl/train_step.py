@@ -246,6 +246,11 @@ class TrainStep:
     ref_logprobs)."""
     if isinstance(batch, TrainExample):
       batch = batch.as_arrays()
+      if jax.process_count() > 1:
+        # Every process holds the step's whole batch (rl/rollouts.py gathers the episodes);
+        # each contributes its own block of rows, the ones its devices hold.
+        n, i = jax.process_count(), jax.process_index()
+        batch = {k: v[i * len(v) // n:(i + 1) * len(v) // n] for k, v in batch.items()}
     return sharding.shard_batch(batch, self.mesh, self.rules)
 
   # -- loss --------------------------------------------------------------------------------

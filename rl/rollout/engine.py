@@ -189,26 +189,23 @@ def engine_mesh(config):
   in the default layout the engine lives in the trainer's process on the trainer's devices, and
   with the train step's own layout a weight sync copies each shard on its device. A rollout server
   in its own job (`--mode=serve`) sets the shape of its own devices; a shape without -1 takes the
-  first devices it needs. Raises `models.sharding.MeshError` when the shape needs more devices
-  than there are, or on several processes.
+  first devices it needs. In a multi-process job each process's engine lives on that process's
+  own devices. Raises `models.sharding.MeshError` when the shape needs more devices than there
+  are.
   """
-  if jax.process_count() > 1:
-    # Each host would run its own JetStream server over a mesh spanning every host's devices.
-    raise sharding.MeshError(
-        f"an in-process rollout engine on {jax.process_count()} processes is not supported: run "
-        f"rollout servers as separate jobs (launch.py --mode=serve on each, rollout.servers and "
-        f"rollout.weights_dir for the trainer)")
+  # Each process of a multi-process job serves its own episodes from an engine on its own
+  # devices (the trainer's process-local devices; one process: all of them).
   try:
-    shape = capacity.engine_mesh_shape(config, jax.device_count())
+    shape = capacity.engine_mesh_shape(config, jax.local_device_count())
     # A shape without -1 may take the first of more devices (one for a small model).
-    wanted = min(int(np.prod(shape)), jax.device_count())
+    wanted = min(int(np.prod(shape)), jax.local_device_count())
     resolved = sharding.resolve_mesh_shape(config.mesh.axes, shape, wanted)
   except sharding.MeshError as e:
     raise sharding.MeshError(f"rollout engine: {e} (set rollout.mesh_shape)") from e
   if int(np.prod(resolved)) == 1:
     return None, None
   mesh = sharding.make_mesh(types.SimpleNamespace(axes=tuple(config.mesh.axes), shape=resolved),
-                            devices=jax.devices()[:wanted])
+                            devices=jax.local_devices()[:wanted])
   # Context parallelism is for the train step's long rows; the engine keeps whole rows.
   return mesh, sharding.without_context_parallel(config.mesh.rules)
 
@@ -459,7 +456,8 @@ class QwenEngine(engine_api.Engine):
     host. Always a copy: a train step that donates its state (rl/train_step.py) must not be
     able to free the arrays the engine is serving with.
     """
-    where = self._param_shardings if self._param_shardings is not None else jax.devices()[0]
+    where = (self._param_shardings if self._param_shardings is not None
+             else jax.local_devices()[0])
     placed = jax.device_put(params, where, may_alias=False)
     # A replicated array put on one of its own devices comes back as that device's buffer even
     # with may_alias=False (JAX 0.10): those leaves are copied on the device.
@@ -705,7 +703,7 @@ class QwenEngine(engine_api.Engine):
   @property
   def mesh(self) -> jax.sharding.Mesh:
     if self._mesh is None:
-      return jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
+      return jax.sharding.Mesh(np.array(jax.local_devices()[:1]), ("x",))
     return self._mesh
 
   @property
