@@ -4,6 +4,7 @@
   root = ensure_worlds(config.envs)              # renders once into config.envs.worlds_root
   world_dir(root, "in03")                        # -> <root>/in03 (files/ + apps/)
 """
+import fcntl
 import hashlib
 import json
 import os
@@ -81,11 +82,26 @@ def ensure_worlds(envs_cfg, root: str = None, workers: int = None) -> str:
   root = os.path.abspath(root or envs_cfg.worlds_root)
   fp = _fingerprint(envs_cfg)
   man = os.path.join(root, _MANIFEST)
-  if os.path.exists(man):
-    with open(man) as f:
-      if json.load(f).get("fingerprint") == fp:
-        return root
+  if _rendered(man, fp):
+    return root
   os.makedirs(root, exist_ok=True)
+  # Several processes of one job on one machine (scripts/local_pod.py) share the root: the first
+  # to take the lock renders, the others then find the manifest.
+  with open(os.path.join(root, ".render.lock"), "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not _rendered(man, fp):
+      _render(envs_cfg, root, fp, man, workers)
+  return root
+
+
+def _rendered(man: str, fp: str) -> bool:
+  if not os.path.exists(man):
+    return False
+  with open(man) as f:
+    return json.load(f).get("fingerprint") == fp
+
+
+def _render(envs_cfg, root: str, fp: str, man: str, workers) -> None:
   wids = sorted(all_specs(envs_cfg))
   workers = workers or envs_cfg.generation_workers
   jobs = [(envs_cfg, w, root) for w in wids]
@@ -97,4 +113,3 @@ def ensure_worlds(envs_cfg, root: str = None, workers: int = None) -> str:
       _gen_one(j)
   with open(man, "w") as f:
     json.dump(dict(fingerprint=fp, worlds=wids), f)
-  return root
