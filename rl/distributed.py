@@ -16,11 +16,13 @@ thread while the main thread runs the train step's collectives.
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import itertools
 import json
 import os
 import pickle
+import threading
 
 import jax
 from jax._src import distributed as jax_distributed
@@ -116,18 +118,31 @@ def exchange(tag: str, obj, timeout_s: float = 3600.0) -> list:
   return out
 
 
-_exchanges = itertools.count()
+_counters: dict = collections.defaultdict(itertools.count)
+_counters_lock = threading.Lock()
 
 
 def next_tag(kind: str) -> str:
-  """A tag for the next exchange of `kind`: every process makes its exchanges in the same
-  order, so the n-th tag is the same on each."""
-  return f"{kind}/{next(_exchanges)}"
+  """A tag for the next exchange of `kind`. Every process makes the exchanges of one kind in the
+  same order (one kind is made by one thread at a time: episodes by the rollout-prefetch thread
+  or, between draws, by an eval; engine counters by the main thread), so the n-th tag of a kind
+  is the same on each."""
+  with _counters_lock:
+    return f"{kind}/{next(_counters[kind])}"
 
 
 def gather(tag: str, items: list, timeout_s: float = 3600.0) -> list:
   """The concatenation, in process order, of every process's `items`."""
   return [x for part in exchange(tag, list(items), timeout_s) for x in part]
+
+
+def summed(tag: str, figures: dict, timeout_s: float = 3600.0) -> dict:
+  """Every process's `figures` (name -> number) added up: counters of per-process parts (each
+  host's rollout engine) as the job's totals. One process: `figures`."""
+  if jax.process_count() == 1:
+    return figures
+  parts = exchange(tag, dict(figures), timeout_s)
+  return {k: float(sum(p.get(k, 0.0) for p in parts)) for k in parts[0]}
 
 
 def code_version() -> str:

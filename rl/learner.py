@@ -104,7 +104,9 @@ def rl_step(run: RLRun, state: dict, step: int) -> tuple[dict, dict, int]:
   m.update({k: float(v) for k, v in jax.device_get(tm).items() if np.ndim(v) == 0})
   m.update({"time/rollout_wait_s": t_wait, "time/weight_sync_s": t_sync,     # log
             "time/step_s": time.monotonic() - t0, "data/epoch": run.stream.epoch})
-  m.update(engine_scalars(run.server))
+  # Each host's engine counts its own prompts and cache hits: the job's totals.
+  m.update(distributed.summed(distributed.next_tag("engine"), engine_scalars(run.server),
+                              float(run.config.distributed.exchange_timeout_s)))
   run.metrics.write(step + 1, "train", m)
   return state, m, data_position
 

@@ -27,8 +27,10 @@ OVERRIDES = {"sft.steps": 2, "sft.max_tasks": 8, "train.steps": 3, "train.prompt
              "train.samples_per_prompt": 4, "loop.eval_max_tasks": 16, "loop.progress": False,
              "loop.tensorboard": False, "checkpoint.save_every": 1, "checkpoint.async_save": False,
              "harness.max_tokens_per_turn": 64, "distributed.heartbeat_timeout_s": 10}
-# Figures that differ between runs only by the clock.
-_CLOCK = ("time", "time/", "episode_s/")
+# Figures that differ between runs only by the clock, and the engines' cache counters: each
+# host's engine keeps its own prefix and turn caches, so what is prefilled depends on which
+# episodes share an engine (the prompt tokens, summed over hosts, are compared).
+_CLOCK = ("time", "time/", "episode_s/", "rollout/prefilled_tokens", "rollout/turn")
 
 
 def _launch(workdir, name, processes, log_dir):
