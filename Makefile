@@ -26,12 +26,14 @@ PYTEST_ARGS ?=
 
 $(RUN_STAMP): requirements.txt requirements-nodeps.txt requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) -r requirements.txt -c requirements.lock $(PIP_FILTER)
-	$(PIP) --no-deps -r requirements-nodeps.txt -c requirements.lock $(PIP_FILTER)
+	@echo "pip install -r requirements.txt, then --no-deps -r requirements-nodeps.txt (into $(VENV))"
+	@$(PIP) -r requirements.txt -c requirements.lock $(PIP_FILTER)
+	@$(PIP) --no-deps -r requirements-nodeps.txt -c requirements.lock $(PIP_FILTER)
 	touch $(RUN_STAMP)
 
 $(TEST_STAMP): $(RUN_STAMP) requirements-test.txt
-	$(PIP) -r requirements-test.txt -c requirements.lock $(PIP_FILTER)
+	@echo "pip install -r requirements-test.txt (into $(VENV))"
+	@$(PIP) -r requirements-test.txt -c requirements.lock $(PIP_FILTER)
 	touch $(TEST_STAMP)
 
 setup: $(TEST_STAMP)
