@@ -26,8 +26,8 @@ import threading
 
 import jax
 from jax._src import distributed as jax_distributed
-import numpy as np
 from jax.experimental import multihost_utils
+import numpy as np
 
 # The variables a multi-process launch sets (any one of them asks for `jax.distributed`).
 COORDINATOR_VARS = ("JAX_COORDINATOR_ADDRESS", "MEGASCALE_COORDINATOR_ADDRESS",
