@@ -27,10 +27,11 @@ OVERRIDES = {"sft.steps": 2, "sft.max_tasks": 8, "train.steps": 3, "train.prompt
              "train.samples_per_prompt": 4, "loop.eval_max_tasks": 16, "loop.progress": False,
              "loop.tensorboard": False, "checkpoint.save_every": 1, "checkpoint.async_save": False,
              "harness.max_tokens_per_turn": 64, "distributed.heartbeat_timeout_s": 10}
-# Figures that differ between runs only by the clock, and the engines' cache counters: each
-# host's engine keeps its own prefix and turn caches, so what is prefilled depends on which
-# episodes share an engine (the prompt tokens, summed over hosts, are compared).
-_CLOCK = ("time", "time/", "episode_s/", "rollout/prefilled_tokens", "rollout/turn")
+# Figures that differ between runs only by the clock, and the engines' counters: each host's
+# engine counts its own warmup prompts and keeps its own prefix and turn caches, so what is
+# prompted and prefilled depends on how many engines there are and which episodes share one.
+_CLOCK = ("time", "time/", "episode_s/", "rollout/prompt_tokens", "rollout/prefilled_tokens",
+          "rollout/turn")
 
 
 def _launch(workdir, name, processes, log_dir):
@@ -98,11 +99,12 @@ def _assert_same_run(a, b):
     for k in ra:   # losses through other collectives: float rounding; counts and rewards exact
       assert ra[k] == pytest.approx(rb[k], rel=1e-5, abs=1e-6), (ra["phase"], ra["step"], k)
   assert _summary(a) == _summary(b)
-  # Within 1e-6 of each other, or 1e-5 relative: the trained output norm's Adam update (the
-  # gradient over its second-moment root) turns the collectives' rounding differences of the
-  # gradient into up to ~5e-6 relative (measured: 3.3e-6 absolute on scales near 0.65).
+  # Within 1e-5: the two jobs' gradients differ by float rounding (other collectives, other
+  # per-process XLA clients), and Adam's update (the gradient over its second-moment root)
+  # magnifies that on elements whose gradient is near zero: measured, 1 element in ~8k of the
+  # SFT-trained weights and of the RL-trained output norm at 2e-6 to 4e-6, the rest below 1e-6.
   for x, y in zip(jax.tree.leaves(_final_params(a)), jax.tree.leaves(_final_params(b))):
-    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x, y, rtol=0, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
