@@ -220,4 +220,7 @@ def replicated(tree):
     return tree
   everywhere = jax.sharding.NamedSharding(jax.sharding.Mesh(jax.devices(), ("all",)),
                                           jax.sharding.PartitionSpec())
-  return jax.tree.map(lambda x: jax.device_put(np.asarray(x), everywhere), tree)
+  # Arrays already global over the job (e.g. params restored with the train step's shardings)
+  # stay as they are.
+  return jax.tree.map(lambda x: jax.device_put(np.asarray(x), everywhere)
+                      if getattr(x, "is_fully_addressable", True) else x, tree)

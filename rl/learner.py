@@ -155,8 +155,7 @@ def restore_or_start(config, step_fn: TrainStep, ckpt: Checkpointer, metrics: Me
   if params is not None:
     # Params SFT just trained live on each process's own device (the same values on every
     # process): replicated over the whole job first.
-    if any(x.is_fully_addressable for x in jax.tree.leaves(params)):
-      params = distributed.replicated(params)
+    params = distributed.replicated(params)
     state = with_params(step_fn, state, params)
   return 0, state, {}
 
