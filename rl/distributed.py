@@ -40,9 +40,13 @@ _CHUNK_BYTES = 2 << 20
 
 
 def requested() -> bool:
-  """Whether the environment asks for a multi-process job."""
-  if "JAX_NUM_PROCESSES" in os.environ and int(os.environ["JAX_NUM_PROCESSES"]) <= 1:
-    return False
+  """Whether the environment names a coordinator to join.
+
+  A job of one process joins one too when asked (`scripts/local_pod.py --processes 1`): its
+  collectives then run through distributed.cpu_collectives as an N-process job's do, in the same
+  order, so the two jobs' reductions agree to the bit (in-process collectives sum in another
+  order, which differs in the last bits). Without the variables (`make run`) nothing is joined.
+  """
   return any(k in os.environ for k in COORDINATOR_VARS)
 
 

@@ -1,9 +1,11 @@
 """A small job for the multi-process tests: joins the job the environment describes, checks the
 run, gathers each process's share of range(10), sums a global array over every device, prints
-one line; with `loop`, goes on running collectives until it is stopped.
+one line; with `loop`, goes on running collectives until it is stopped; with `bits`, also
+sums a fixed array of wide dynamic range over every device and prints its bytes' hash.
 
-    python distributed_program.py ROOT HEARTBEAT_S [loop]
+    python distributed_program.py ROOT HEARTBEAT_S [loop | bits]
 """
+import hashlib
 import sys
 import time
 
@@ -29,6 +31,14 @@ x = jax.make_array_from_process_local_data(NamedSharding(mesh, PartitionSpec("d"
 total = jax.jit(lambda a: a.sum(), out_shardings=NamedSharding(mesh, PartitionSpec()))
 print(f"process {me} of {jax.process_count()}: {jax.local_device_count()} of "
       f"{jax.device_count()} devices; gathered {gathered}; sum {float(total(x))}", flush=True)
-while len(sys.argv) > 3:
+if sys.argv[3:] == ["bits"]:
+  rng = np.random.default_rng(0)
+  wide = (rng.standard_normal((8, 4096)) * np.exp(3 * rng.standard_normal((8, 4096))))
+  rows = jax.make_array_from_callback(wide.shape, NamedSharding(mesh, PartitionSpec("d")),
+                                      lambda index: wide.astype(np.float32)[index])
+  summed = jax.jit(lambda a: a.sum(0), out_shardings=NamedSharding(mesh, PartitionSpec()))(rows)
+  digest = hashlib.sha256(np.asarray(summed.addressable_data(0)).tobytes()).hexdigest()
+  print(f"process {me}: bits {digest}", flush=True)
+while sys.argv[3:] == ["loop"]:
   float(total(x))
   time.sleep(0.2)

@@ -30,6 +30,18 @@ def test_two_processes_share_work_exchange_it_and_sum_over_every_device(tmp_path
             f"sum 12.0") in _log(tmp_path, i)
 
 
+def test_one_process_through_the_coordinator_sums_over_devices_as_two_processes_do_to_the_bit(
+    tmp_path):
+  digests = []
+  for processes in (1, 2):
+    log_dir = tmp_path / str(processes)
+    procs = local_pod.start([[sys.executable, PROGRAM, ROOT, "30", "bits"]] * processes,
+                            8 // processes, str(log_dir), console=False)
+    assert local_pod.wait(procs, 30) == 0, _log(log_dir, 0)[-3000:]
+    digests.append(_log(log_dir, 0).split("bits ")[1].split()[0])
+  assert digests[0] == digests[1]
+
+
 def test_a_killed_process_stops_the_other_within_the_heartbeat_bound(tmp_path):
   heartbeat_s = 10
   procs = local_pod.start([[sys.executable, PROGRAM, ROOT, str(heartbeat_s), "loop"]] * 2, 4,
