@@ -147,7 +147,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.envs.sandbox.file_size_mb = 16   # RLIMIT_FSIZE: largest file a run may write
   c.envs.sandbox.open_files = 64     # RLIMIT_NOFILE
   c.envs.sandbox.max_processes = 32  # processes in the run's session before it counts as a fork bomb
-  c.envs.sandbox.namespaces = True   # use unshare (user, net, mount, pid namespaces) where the kernel allows
+  c.envs.sandbox.namespaces = True   # confine runs in their own root (user, mount, pid, net namespaces)
+  c.envs.sandbox.allow_unconfined = False  # where no namespaces can be made: False refuses code execution; True runs it unconfined (reads anywhere), with a warning
+  c.envs.sandbox.workspace_mb = 64   # tmpfs size of a run's /workspace (the world's files copied in, changes copied back)
+  c.envs.sandbox.tmp_mb = 64         # tmpfs size of a run's private /tmp
 
   c.policy = "oracle"                # scripted policy for --mode=eval: oracle | null | model
   c.eval = ml_collections.ConfigDict()
@@ -211,6 +214,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Agent harness (envs/harness): one agent loop per process, a timeout on everything.
   c.harness = ml_collections.ConfigDict()
+  c.harness.style = "mcp"            # mcp (the app tools) | shell (bash, read, write, edit, glob, grep over the world's folder)
   c.harness.num_workers = 2          # agent-loop processes in the pool (concurrent episodes)
   c.harness.max_turns = 100          # assistant turns per episode before max_turns
   c.harness.max_tokens_per_turn = 512  # max_tokens of one model call (capped by the context left)

@@ -1,27 +1,57 @@
-"""Sandboxed Python execution for the code_execution app.
+"""Confined code execution for the code_execution app and the shell harness.
 
-One run = one subprocess tree:
+The code a policy writes is adversarial: it wants the answer key. A run sees one root made for
+it and nothing of the machine it runs on:
+
+  /workspace   a copy of the world's files (tmpfs, envs.sandbox.workspace_mb); the cwd. What the
+               run leaves there (regular files and folders, not links) is copied back when it
+               ends; a run that is stopped (time, processes) leaves the world as it was.
+  /tmp         private tmpfs (envs.sandbox.tmp_mb)
+  /bin /usr /lib*   the host's system files, read-only (a shell, coreutils, grep, sed, awk)
+  <python prefix>   the interpreter and its standard library, read-only; its site-packages
+                    hidden
+  /opt/python  the document libraries only (openpyxl, pypdf, python-docx, python-pptx and what
+               they import), read-only; /opt/bin/python3 is the interpreter
+  /dev         null, zero, random, urandom;  /proc  a fresh one of the run's own pid namespace
+
+and no project source, no other world, no task or rubric data, no home directory, no host
+process, no parent environment, no network. Everything else of the root is read-only.
+
+One run = one process tree:
   parent (this module) -- Popen, own session (killpg-able), rlimits set before exec
-    unshare --user --map-root-user --net --mount --pid --fork --kill-child   (when available)
-      boot (pid 1 of the namespace): remounts every mount read-only except the world's files/,
-      drops all capabilities, installs an audit hook refusing writes outside files/, forks
-        worker: exec()s the user's code (read from stdin) with cwd = files/
+    unshare --user --map-root-user --net --mount --pid --fork --kill-child
+      boot (pid 1 of the namespaces, `_BOOT`): builds the root on a tmpfs with read-only bind
+      mounts, copies the world's files in, makes itself undumpable, forks
+        worker: its own mount namespace, pivot_root into the new root (the old one detached),
+        no_new_privs, every capability dropped; then runs the code (Python) or /bin/sh -c
+      boot copies /workspace back into the world's files and exits with the worker's status.
+
+Why our own namespaces rather than bubblewrap: `unshare` is in util-linux on every Linux
+machine the project runs on, the mechanism is the same user+mount+pid+net namespaces bubblewrap
+uses, and nothing outside the Python requirements has to be installed.
 
 Limits and how they surface (SandboxResult.status):
   wall clock      -> parent kills the whole process group              "timeout"
   RLIMIT_CPU      -> SIGXCPU / SIGKILL                                 "cpu_limit"
   RLIMIT_AS       -> MemoryError or a kill                             "memory_limit"
   RLIMIT_FSIZE    -> EFBIG ("File too large")                          "file_size_limit"
-  process count   -> parent watchdog counts the session, kills it      "process_limit"
+  tmpfs sizes     -> ENOSPC ("No space left on device")                "disk_limit"
+  process count   -> parent watchdog counts the tree, kills it         "process_limit"
   no network      -> empty network namespace: ENETUNREACH              "network_blocked"
-  read-only world -> EROFS / audit-hook PermissionError                "write_blocked"
+  read-only root  -> EROFS                                             "write_blocked"
+  no confinement  -> the run is not started                            "refused"
 RLIMIT_NPROC is set too, but the kernel does not apply it to root, which is why a watchdog
-counts processes. Without user namespaces the run still gets rlimits, its own session and the
-audit hook; `isolation()` says which level is in effect.
+counts processes. Fails closed: where the kernel makes no namespaces (or envs.sandbox.namespaces
+is off) code is refused, unless envs.sandbox.allow_unconfined=True, which runs it with rlimits,
+its own session and an audit hook refusing Python-level writes outside the world only, and says
+so (`isolation()`, and a warning on the first run).
 """
 import dataclasses
 import functools
+import importlib.util
+import json
 import os
+import platform
 import re
 import resource
 import shutil
@@ -31,33 +61,135 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 
-# Runs inside the sandbox as `python -I -c _BOOT <files_dir> <use_mounts>`; stdin = user code.
-_BOOT = r'''
-import ctypes, os, sys
-root, use_mounts = os.path.realpath(sys.argv[1]), sys.argv[2] == "1"
+# Runs as `python -I -B -c _BOOT <files_dir> <confined 1|0> <python|shell> <layout json>`, inside
+# the namespaces when confined; stdin = the code.
+_BOOT = r"""
+import ctypes, json, os, shutil, sys
+files, confined, kind = os.path.realpath(sys.argv[1]), sys.argv[2] == "1", sys.argv[3]
+layout = json.loads(sys.argv[4])
 code = sys.stdin.read()
-if use_mounts:
-  libc = ctypes.CDLL(None, use_errno=True)
-  MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
-  MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
-  flagmap = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
-             "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
-  if libc.mount(root.encode(), root.encode(), None, MS_BIND | MS_REC, None) != 0:
-    raise SystemExit("sandbox: bind of the world failed: errno %d" % ctypes.get_errno())
-  mounts = []
-  with open("/proc/self/mountinfo") as f:
-    for line in f:
-      parts = line.split()
-      mounts.append((parts[4].replace("\\040", " "), parts[5]))
-  for mp, opts in mounts:
-    if mp == root or mp.startswith(root + "/") or mp == "/proc" or mp.startswith("/proc/"):
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
+MS_REC, MS_PRIVATE, MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 16384, 1 << 18, 1024, 2048, 1 << 21
+libc = ctypes.CDLL(None, use_errno=True)
+
+def fail(what):
+  sys.stderr.write("sandbox: %s failed: %s\n" % (what, os.strerror(ctypes.get_errno())))
+  os._exit(97)
+
+def mount(src, dst, fstype, flags, data=None):
+  enc = lambda x: None if x is None else x.encode()
+  if libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data)) != 0:
+    fail("mount %s" % dst)
+
+def bind_ro(src, dst):
+  # A bind is read-only after a remount that keeps the flags the kernel locked on the source.
+  if os.path.isdir(src):
+    os.makedirs(dst, exist_ok=True)
+  else:
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    open(dst, "a").close()
+  mount(src, dst, None, MS_BIND)
+  st, keep = os.statvfs(src).f_flag, MS_NOSUID
+  for bit, flag in ((4, MS_NODEV), (8, MS_NOEXEC), (1024, MS_NOATIME), (2048, MS_NODIRATIME),
+                    (4096, MS_RELATIME)):
+    keep |= flag if st & bit else 0
+  mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | keep)
+
+def copy_in(src, dst):
+  for name in os.listdir(src):
+    s, d = os.path.join(src, name), os.path.join(dst, name)
+    if os.path.islink(s):
+      os.symlink(os.readlink(s), d)
+    elif os.path.isdir(s):
+      os.mkdir(d)
+      copy_in(s, d)
+    elif os.path.isfile(s):
+      shutil.copy2(s, d)
+
+def copy_back(src, dst):
+  # Regular files and folders only: a link or device made inside never reaches the world.
+  keep = set()
+  for name in os.listdir(src):
+    s, d = os.path.join(src, name), os.path.join(dst, name)
+    if os.path.islink(s):
+      if os.path.islink(d):
+        keep.add(name)  # a link the world had, left as it was
       continue
-    flags = MS_REMOUNT | MS_BIND | MS_RDONLY
-    for o in opts.split(","):
-      flags |= flagmap.get(o, 0)
-    libc.mount(None, mp.encode(), None, flags, None)  # best effort: a locked mount stays as is
-  PR_CAPBSET_DROP = 24
+    if os.path.isdir(s):
+      if os.path.lexists(d) and not os.path.isdir(d) or os.path.islink(d):
+        os.remove(d)
+      os.makedirs(d, exist_ok=True)
+      copy_back(s, d)
+    elif os.path.isfile(s):
+      if os.path.isdir(d) and not os.path.islink(d):
+        shutil.rmtree(d)
+      a = os.stat(s)
+      b = os.lstat(d) if os.path.lexists(d) else None
+      if b is None or (a.st_size, a.st_mtime_ns) != (b.st_size, b.st_mtime_ns):
+        if b is not None:
+          os.remove(d)
+        shutil.copy2(s, d)
+    else:
+      continue
+    keep.add(name)
+  for name in set(os.listdir(dst)) - keep:
+    d = os.path.join(dst, name)
+    shutil.rmtree(d) if os.path.isdir(d) and not os.path.islink(d) else os.remove(d)
+
+def build_root(root):
+  mount(None, "/", None, MS_REC | MS_PRIVATE)
+  mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+  for top in layout["system"]:
+    if os.path.islink(top):
+      os.symlink(os.readlink(top), root + top)
+    elif os.path.isdir(top):
+      bind_ro(top, root + top)
+  for path in layout["python"]:
+    if not os.path.exists(root + path) or os.path.realpath(path) != path:
+      bind_ro(path, root + path)
+  for path in layout["hide"]:
+    if os.path.isdir(root + path):
+      mount("tmpfs", root + path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k")
+  for name, path in layout["libs"].items():
+    bind_ro(path, root + "/opt/python/" + name)
+  os.makedirs(root + "/opt/bin")
+  for name in ("python3", "python"):
+    os.symlink(layout["interpreter"], root + "/opt/bin/" + name)
+  os.makedirs(root + "/dev")
+  for dev in ("null", "zero", "random", "urandom"):
+    open(root + "/dev/" + dev, "w").close()
+    mount("/dev/" + dev, root + "/dev/" + dev, None, MS_BIND)
+  for i, name in enumerate(("stdin", "stdout", "stderr")):
+    os.symlink("/proc/self/fd/%d" % i, root + "/dev/" + name)
+  os.symlink("/proc/self/fd", root + "/dev/fd")
+  os.makedirs(root + "/proc")
+  mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+  for path, mb, mode in (("/tmp", layout["tmp_mb"], "1777"),
+                         ("/workspace", layout["workspace_mb"], "755")):
+    os.makedirs(root + path)
+    mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV, "size=%dm,mode=%s" % (mb, mode))
+  try:
+    copy_in(files, root + "/workspace")
+  except OSError as e:
+    sys.stderr.write("sandbox: the world's files do not fit the workspace: %s\n" % e)
+    os._exit(97)
+  mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+def enter_root(root):
+  # Own mount namespace, so that boot keeps the host's view to copy the workspace back.
+  if libc.unshare(0x00020000) != 0:
+    fail("unshare(mount)")
+  mount(None, "/", None, MS_REC | MS_PRIVATE)
+  os.chdir(root)
+  if libc.syscall(layout["pivot_root_nr"], b".", b".") != 0:
+    fail("pivot_root")
+  if libc.umount2(b".", 2) != 0:  # MNT_DETACH: the old root is gone from this namespace
+    fail("umount old root")
+  os.chdir("/workspace")
+  PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 38, 24
+  libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
   for cap in range(64):
     libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
   class Hdr(ctypes.Structure):
@@ -65,33 +197,55 @@ if use_mounts:
   class Data(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
                 ("inheritable", ctypes.c_uint32)]
-  libc.capset(ctypes.byref(Hdr(0x20080522, 0)), (Data * 2)())
-os.chdir(root)
-os.environ["TMPDIR"] = root
-os.environ["HOME"] = root
+  if libc.capset(ctypes.byref(Hdr(0x20080522, 0)), (Data * 2)()) != 0:
+    fail("capset")
 
-def _inside(p):
-  try:
-    p = os.path.realpath(os.fsdecode(p) if not isinstance(p, int) else "/dev/fd/%d" % p)
-  except Exception:
-    return False
-  return p == root or p.startswith(root + "/") or p.startswith("/dev/")
+def audit_outside_writes():
+  # Unconfined runs only: Python-level writes outside the world are refused (a shell is not).
+  def inside(p):
+    try:
+      p = os.path.realpath(os.fsdecode(p) if not isinstance(p, int) else "/dev/fd/%d" % p)
+    except Exception:
+      return False
+    return p == files or p.startswith(files + "/") or p.startswith("/dev/")
+  def hook(event, args):
+    if event == "open":
+      path, mode, flags = args
+      writing = (mode and any(c in str(mode) for c in "wax+")) or (
+          flags and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
+      if writing and path is not None and not isinstance(path, int) and not inside(path):
+        raise PermissionError("sandbox: write outside the world refused: %s" % (path,))
+    elif event in ("os.remove", "os.rmdir", "os.mkdir", "os.rename", "os.replace", "os.chmod",
+                   "os.chown", "os.truncate", "os.symlink", "os.link", "os.utime",
+                   "shutil.rmtree"):
+      for p in args[:2]:
+        if isinstance(p, (str, bytes, os.PathLike)) and not inside(p):
+          raise PermissionError("sandbox: write outside the world refused: %s" % (p,))
+  sys.addaudithook(hook)
 
-def _hook(event, args):
-  if event == "open":
-    path, mode, flags = args
-    writing = (mode and any(c in str(mode) for c in "wax+")) or (flags and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
-    if writing and path is not None and not isinstance(path, int) and not _inside(path):
-      raise PermissionError("sandbox: write outside the world refused: %s" % (path,))
-  elif event in ("os.remove", "os.rmdir", "os.mkdir", "os.rename", "os.replace", "os.chmod",
-                 "os.chown", "os.truncate", "os.symlink", "os.link", "os.utime", "shutil.rmtree"):
-    for p in args[:2]:
-      if isinstance(p, (str, bytes, os.PathLike)) and not _inside(p):
-        raise PermissionError("sandbox: write outside the world refused: %s" % (p,))
-
+root = layout["root"]
+if confined:
+  build_root(root)
+  env = {"PATH": "/opt/bin:/usr/local/bin:/usr/bin:/bin", "HOME": "/workspace", "TMPDIR": "/tmp",
+         "LANG": "C.UTF-8", "PYTHONPATH": "/opt/python", "PYTHONDONTWRITEBYTECODE": "1"}
+else:
+  os.chdir(files)
+  env = {"PATH": "/usr/bin:/bin", "HOME": files, "TMPDIR": files, "LANG": "C.UTF-8",
+         "PYTHONDONTWRITEBYTECODE": "1"}
+libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: the worker cannot reach boot's /proc entries
 pid = os.fork()
 if pid == 0:
-  sys.addaudithook(_hook)
+  if confined:
+    enter_root(root)
+  os.environ.clear()
+  os.environ.update(env)
+  if kind == "shell":
+    os.execve("/bin/sh", ["sh", "-c", code], env)
+  if confined:
+    sys.path[:] = layout["sys_path"] + ["/opt/python"]
+    sys.path_importer_cache.clear()
+  else:
+    audit_outside_writes()
   g = {"__name__": "__main__", "__builtins__": __builtins__}
   try:
     exec(compile(code, "<code>", "exec"), g)
@@ -106,20 +260,33 @@ if pid == 0:
   sys.stdout.flush(); sys.stderr.flush()
   os._exit(0)
 _, status = os.waitpid(pid, 0)
+if confined:
+  try:
+    copy_back(root + "/workspace", files)
+  except OSError as e:
+    sys.stderr.write("sandbox: copying the workspace back failed: %s\n" % e)
 sys.stdout.flush()
 if os.WIFSIGNALED(status):
   os._exit(128 + os.WTERMSIG(status))
 os._exit(os.WEXITSTATUS(status))
-'''
+"""
 
 _UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--mount", "--pid", "--fork",
             "--kill-child"]
+# pivot_root has no libc wrapper; its syscall number by machine.
+_PIVOT_ROOT_NR = {"x86_64": 155, "aarch64": 41, "arm64": 41, "ppc64le": 203, "s390x": 217}
+# What the document tools of a world need (python-pptx: lxml, Pillow, XlsxWriter; openpyxl:
+# et_xmlfile); their vendored shared libraries (`*.libs`) come along.
+_DOCUMENT_LIBRARIES = ("openpyxl", "et_xmlfile", "pypdf", "docx", "pptx", "lxml", "PIL",
+                       "xlsxwriter", "typing_extensions")
+_SYSTEM = ("/bin", "/sbin", "/usr", "/lib", "/lib32", "/lib64", "/libx32")
 
 
 @dataclasses.dataclass
 class SandboxResult:
   status: str          # ok | error | timeout | cpu_limit | memory_limit | file_size_limit |
-                       # process_limit | network_blocked | write_blocked | cancelled
+                       # disk_limit | process_limit | network_blocked | write_blocked |
+                       # cancelled | refused
   exit_code: int       # the worker's exit code; 128+N when killed by signal N; -9 when we killed it
   stdout: str
   stderr: str
@@ -136,23 +303,86 @@ class SandboxResult:
 
 
 @functools.lru_cache(maxsize=None)
-def _namespaces_work() -> bool:
-  if shutil.which("unshare") is None:
+def _layout() -> dict:
+  """What the confined root is made of on this machine (see the module docstring)."""
+  base = os.path.realpath(sys.base_prefix)
+  interpreter = os.path.realpath(sys.executable)
+  python = [base] + ([interpreter] if not interpreter.startswith(base + os.sep) else [])
+  sys_path = [p for p in sys.path if p and os.path.realpath(p).startswith(base + os.sep)
+              and not p.endswith(("site-packages", "dist-packages"))]
+  hide = []
+  for top in (base, "/usr", "/usr/local"):
+    for lib in ("lib", "lib64"):
+      d = os.path.join(top, lib)
+      if os.path.isdir(d):
+        for name in sorted(os.listdir(d)):
+          if name.startswith("python"):
+            for sub in ("site-packages", "dist-packages"):
+              if os.path.isdir(os.path.join(d, name, sub)):
+                hide.append(os.path.realpath(os.path.join(d, name, sub)))
+  libs = {}
+  for name in _DOCUMENT_LIBRARIES:
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+      continue
+    path = os.path.dirname(spec.origin) if spec.submodule_search_locations else spec.origin
+    libs[os.path.basename(path)] = path
+    # A wheel's vendored shared libraries sit beside it as <distribution>.libs.
+    for dist in (name.lower(), {"PIL": "pillow"}.get(name, "")):
+      vendored = os.path.join(os.path.dirname(path), dist + ".libs")
+      if dist and os.path.isdir(vendored):
+        libs[dist + ".libs"] = vendored
+  return dict(system=[p for p in _SYSTEM if os.path.lexists(p)], python=python,
+              hide=sorted(set(hide)), libs=libs, interpreter=interpreter, sys_path=sys_path,
+              pivot_root_nr=_PIVOT_ROOT_NR.get(platform.machine(), -1))
+
+
+@functools.lru_cache(maxsize=None)
+def _confinement_works() -> bool:
+  """Whether a confined run starts here (user namespaces, mounts, pivot_root): probed once."""
+  if shutil.which("unshare") is None or platform.machine() not in _PIVOT_ROOT_NR:
     return False
-  try:
-    p = subprocess.run(_UNSHARE + [sys.executable, "-I", "-B", "-c", _BOOT, tempfile.gettempdir(), "1"],
-                       input="print('ok')", capture_output=True, text=True, timeout=30)
-    return p.returncode == 0 and p.stdout.strip() == "ok"
-  except (OSError, subprocess.SubprocessError):
-    return False
+  with tempfile.TemporaryDirectory() as files:
+    open(os.path.join(files, "probe.txt"), "w").close()
+    try:
+      p = subprocess.run(_command("python", files, True, _root_dir()),
+                         input="import os; print(sorted(os.listdir('.')), os.getcwd())",
+                         capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+      return False
+  return p.returncode == 0 and p.stdout.strip() == "['probe.txt'] /workspace"
+
+
+def _root_dir() -> str:
+  """An empty host folder to mount the run's root on (it stays empty on the host)."""
+  d = os.path.join(tempfile.gettempdir(), "sandbox-root")
+  os.makedirs(d, exist_ok=True)
+  return d
+
+
+def _confined(sandbox_cfg) -> bool:
+  return bool(sandbox_cfg.namespaces) and _confinement_works()
 
 
 def isolation(sandbox_cfg) -> str:
-  """The isolation level runs get with these settings, as one line."""
-  base = "rlimits(cpu,as,fsize,nofile,core)+session-kill+process-watchdog+write-audit-hook"
-  if sandbox_cfg.namespaces and _namespaces_work():
-    return "namespaces(user,net,mount-ro,pid)+caps-dropped+" + base
-  return base + " (no namespaces: network NOT isolated)"
+  """The isolation runs get with these settings, as one line."""
+  base = "rlimits(cpu,as,fsize,nofile,core)+session-kill+process-watchdog"
+  if _confined(sandbox_cfg):
+    return ("namespaces(user,net,mount,pid)+own-root(workspace,ro-system,ro-python,"
+            "document-libraries,own-proc,private-tmp)+caps-dropped+no-new-privs+" + base)
+  if sandbox_cfg.allow_unconfined:
+    return (base + "+write-audit-hook: UNCONFINED (no namespaces: code reads the whole machine, "
+            "network open; envs.sandbox.allow_unconfined=True)")
+  return ("refused: no confinement here (user namespaces unavailable or envs.sandbox.namespaces "
+          "off); code execution is refused unless envs.sandbox.allow_unconfined=True")
+
+
+def _command(kind: str, files_dir: str, confined: bool, root: str, workspace_mb: int = 8,
+             tmp_mb: int = 8) -> list:
+  layout = dict(_layout(), root=root, workspace_mb=int(workspace_mb), tmp_mb=int(tmp_mb))
+  return ([*_UNSHARE] if confined else []) + [
+      sys.executable, "-I", "-B", "-c", _BOOT, files_dir, "1" if confined else "0", kind,
+      json.dumps(layout)]
 
 
 def _count_session(sid: int) -> int:
@@ -204,15 +434,37 @@ _NET_RE = re.compile(r"Network is unreachable|Errno 101|name resolution|Name or 
 
 def run_python(code: str, files_dir: str, sandbox_cfg, output_chars: int,
                cancel: threading.Event = None) -> SandboxResult:
-  """Runs `code` with cwd = files_dir under the limits of `sandbox_cfg` (config.envs.sandbox).
+  """Runs Python `code` in the confined root, cwd /workspace = a copy of `files_dir`, under the
+  limits of `sandbox_cfg` (config.envs.sandbox); what it leaves in /workspace is copied back.
 
   Output beyond `output_chars` characters (each of stdout, stderr) is cut. Setting `cancel`
   kills the run (status "cancelled"), e.g. when the caller's own time limit has passed.
   """
+  return _run("python", code, files_dir, sandbox_cfg, output_chars, cancel)
+
+
+def run_shell(command: str, files_dir: str, sandbox_cfg, output_chars: int,
+              cancel: threading.Event = None) -> SandboxResult:
+  """Runs `/bin/sh -c command` (coreutils, grep, sed, awk, python3 with the document
+  libraries) as `run_python` runs code: same root, limits, copy back and statuses."""
+  return _run("shell", command, files_dir, sandbox_cfg, output_chars, cancel)
+
+
+_warned_unconfined = False
+
+
+def _run(kind, code, files_dir, sandbox_cfg, output_chars, cancel):
+  global _warned_unconfined
   files_dir = os.path.realpath(files_dir)
-  use_ns = bool(sandbox_cfg.namespaces) and _namespaces_work()
+  use_ns = _confined(sandbox_cfg)
   iso = isolation(sandbox_cfg)
   lim = sandbox_cfg
+  if not use_ns and not lim.allow_unconfined:
+    return SandboxResult(status="refused", exit_code=-1, stdout="", wall_s=0.0, isolation=iso,
+                         stderr=f"code execution {iso}")
+  if not use_ns and not _warned_unconfined:
+    _warned_unconfined = True
+    warnings.warn(f"sandbox: {iso}", RuntimeWarning, stacklevel=3)
 
   def preexec():
     mb = 1024 * 1024
@@ -223,9 +475,8 @@ def run_python(code: str, files_dir: str, sandbox_cfg, output_chars: int,
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NPROC, (lim.max_processes, lim.max_processes))
 
-  cmd = ([*_UNSHARE] if use_ns else []) + [sys.executable, "-I", "-B", "-c", _BOOT, files_dir,
-                                           "1" if use_ns else "0"]
-  env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+  cmd = _command(kind, files_dir, use_ns, _root_dir(), lim.workspace_mb, lim.tmp_mb)
+  env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
   t0 = time.monotonic()
   with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
        tempfile.TemporaryFile() as inp:
@@ -279,6 +530,8 @@ def run_python(code: str, files_dir: str, sandbox_cfg, output_chars: int,
     status = "memory_limit"
   elif "File too large" in stderr:
     status = "file_size_limit"
+  elif "No space left on device" in stderr:
+    status = "disk_limit"
   elif "Resource temporarily unavailable" in stderr and "fork" in stderr:
     status = "process_limit"
   elif "write outside the world refused" in stderr or "Read-only file system" in stderr:
