@@ -1,7 +1,14 @@
 """End to end over processes: the tiny default as one JAX job of 2 processes x 4 CPU devices
-(scripts/local_pod.py: gloo collectives on 127.0.0.1) trains as the same job on 1 process x 8
-devices does, and a pod that loses a process stops, then resumes from its checkpoint to the
-same end. Slow (minutes each on 2 cores): `make test-all`, which CI runs."""
+(scripts/local_pod.py: gloo collectives on 127.0.0.1) trains as the same job of 1 process x 8
+devices does, and a pod that loses a process stops within a bound, then its rerun resumes from
+the newest checkpoint to the same end.
+
+Three launches serve the module: the 1 x 8 job, the 2 x 4 job killed after its first RL step's
+checkpoint, and that job's rerun. The rerun's figures (the killed job's rows up to the kill, its
+own after) must equal the uninterrupted 1 x 8 job's step by step; that shows both that 2 x 4
+trains as 1 x 8 does and that the resumed job ends where an uninterrupted one ends. Both jobs
+join the coordinator, so their gradient reductions run through the same gloo collectives.
+"""
 import json
 import os
 import signal
@@ -22,23 +29,32 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 import local_pod  # noqa: E402  (scripts/ is not a package)
 
-# A small run: 2 SFT steps, 3 RL steps of 4 prompts x 4 samples, held-out evals on 16 tasks.
-OVERRIDES = {"sft.steps": 2, "sft.max_tasks": 8, "train.steps": 3, "train.prompts_per_step": 4,
-             "train.samples_per_prompt": 4, "loop.eval_max_tasks": 16, "loop.progress": False,
-             "loop.tensorboard": False, "checkpoint.save_every": 1, "checkpoint.async_save": False,
-             "harness.max_tokens_per_turn": 64, "distributed.heartbeat_timeout_s": 10}
+# A small run: 2 SFT steps, 2 RL steps of 4 prompts x 4 samples, held-out evals on 16 tasks;
+# two prompt buckets and one row bucket keep the compiles few.
+OVERRIDES = {"sft.steps": 2, "sft.max_tasks": 4, "sft.batch_size": 4, "train.steps": 2,
+             "train.prompts_per_step": 4, "train.samples_per_prompt": 4,
+             "train.seq_buckets": (1536,), "rollout.prefill_buckets": (1024, 2560),
+             "rollout.prefix_buckets": (512, 1792), "loop.eval_max_tasks": 16,
+             "loop.progress": False, "loop.tensorboard": False, "checkpoint.save_every": 1,
+             "checkpoint.async_save": False, "harness.max_tokens_per_turn": 64,
+             "distributed.heartbeat_timeout_s": 10}
+# Bound on a survivor's exit after its peer is killed: the heartbeat timeout (10 s here) plus
+# the runtime's polling and abort.
+STOP_BOUND_S = 40
 # Figures that differ between runs only by the clock, and the engines' counters: each host's
-# engine counts its own warmup prompts and keeps its own prefix and turn caches, so what is
-# prompted and prefilled depends on how many engines there are and which episodes share one.
+# engine counts its own warmup prompts and keeps its own prefix cache, so what is prompted and
+# prefilled depends on how many engines there are.
 _CLOCK = ("time", "time/", "episode_s/", "rollout/prompt_tokens", "rollout/prefilled_tokens",
           "rollout/turn")
+# Figures computed in float from the model's outputs: equal up to rounding.
+_ROUNDED = ("loss/", "policy/", "optim/")
 
 
 def _launch(workdir, name, processes, log_dir):
   args = ["--mode=rl", "--config=" + os.path.join(ROOT, "configs/tiny_cpu.py"),
           f"--config.workdir={workdir}", f"--config.name={name}",
           f"--config.envs.worlds_root={os.path.join(ROOT, 'runs/worlds')}"]
-  args += [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
+  args += [f"--config.{k}={v}".replace(" ", "") for k, v in OVERRIDES.items()]
   cmd = [sys.executable, os.path.join(ROOT, "launch.py")] + args
   return local_pod.start([cmd] * processes, 8 // processes, str(log_dir), console=False)
 
@@ -96,13 +112,17 @@ def _assert_same_run(a, b):
   assert [(r["phase"], r["step"]) for r in ma] == [(r["phase"], r["step"]) for r in mb]
   for ra, rb in zip(ma, mb):
     assert set(ra) == set(rb)
-    for k in ra:   # losses through other collectives: float rounding; counts and rewards exact
-      assert ra[k] == pytest.approx(rb[k], rel=1e-5, abs=1e-6), (ra["phase"], ra["step"], k)
+    for k in ra:   # counts, rewards, outcomes, groups: exact; losses: float rounding
+      if k.startswith(_ROUNDED):
+        assert ra[k] == pytest.approx(rb[k], rel=1e-5, abs=1e-6), (ra["phase"], ra["step"], k)
+      else:
+        assert ra[k] == rb[k], (ra["phase"], ra["step"], k)
   assert _summary(a) == _summary(b)
-  # Within 1e-5: the two jobs' gradients differ by float rounding (other collectives, other
-  # per-process XLA clients), and Adam's update (the gradient over its second-moment root)
-  # magnifies that on elements whose gradient is near zero: measured, 1 element in ~8k of the
-  # SFT-trained weights and of the RL-trained output norm at 2e-6 to 4e-6, the rest below 1e-6.
+  # Within 1e-5, not to the bit: the jobs' losses differ in the last bits (measured 1e-7
+  # relative; each process's XLA client computes its devices' shares itself), and Adam's update
+  # (the gradient over its second-moment root) magnifies that on elements whose gradient is near
+  # zero: measured on this run, 3 of the RL-trained output norm's 64 scales at 1.2e-6 to 2.3e-6
+  # apart, everything else below 1e-6 (docs/results.md).
   for x, y in zip(jax.tree.leaves(_final_params(a)), jax.tree.leaves(_final_params(b))):
     np.testing.assert_allclose(x, y, rtol=0, atol=1e-5)
 
@@ -112,36 +132,46 @@ def one_process_run(tmp_path_factory):
   return _run(str(tmp_path_factory.mktemp("one")), "run", 1)
 
 
-@pytest.mark.slow
-def test_two_processes_train_as_one_process_does(one_process_run, tmp_path):
-  two = _run(str(tmp_path), "run", 2)
-  _assert_same_run(one_process_run, two)
-  logs = [open(os.path.join(tmp_path, "run-logs", f"process_{i}.log")).read() for i in (0, 1)]
-  assert "RL raised pass@1" in logs[0] and "RL raised pass@1" not in logs[1]   # one writer
-
-
-@pytest.mark.slow
-def test_a_pod_that_loses_a_process_stops_and_its_rerun_resumes_to_the_same_end(
-    one_process_run, tmp_path):
-  log_dir = os.path.join(tmp_path, "killed-logs")
-  procs = _launch(str(tmp_path), "run", 2, log_dir)
-  first = os.path.join(tmp_path, "run", "checkpoints", "1")
+@pytest.fixture(scope="module")
+def killed_and_rerun(tmp_path_factory):
+  """The 2 x 4 job, SIGKILLed in process 1 once checkpoint 1 is written, then run again."""
+  workdir = str(tmp_path_factory.mktemp("two"))
+  log_dir = os.path.join(workdir, "killed-logs")
+  procs = _launch(workdir, "run", 2, log_dir)
+  first = os.path.join(workdir, "run", "checkpoints", "1")
   try:
-    deadline = time.monotonic() + 1200
+    deadline = time.monotonic() + 900
     while not os.path.isdir(first) and time.monotonic() < deadline:
       assert procs[0].poll() is None and procs[1].poll() is None, _tail(log_dir)
       time.sleep(0.5)
     procs[1].send_signal(signal.SIGKILL)
     killed = time.monotonic()
-    # Bound: the heartbeat timeout (10 s here) plus the runtime's polling and abort.
-    while procs[0].poll() is None and time.monotonic() - killed < 40:
+    while procs[0].poll() is None and time.monotonic() - killed < 2 * STOP_BOUND_S:
       time.sleep(0.2)
-    assert procs[0].poll() not in (None, 0), "process 0 still running 40 s after its peer died"
+    stop_s, code = time.monotonic() - killed, procs[0].poll()
   finally:
     for p in procs:
       if p.poll() is None:
         p.kill()
-  resumed = _run(str(tmp_path), "run", 2)
-  with open(os.path.join(tmp_path, "run-logs", "process_0.log")) as f:
-    assert "resumed from checkpoint step" in f.read()
-  _assert_same_run(one_process_run, resumed)
+  with open(os.path.join(log_dir, "process_0.log")) as f:
+    killed_log = f.read()
+  run_dir = _run(workdir, "run", 2)
+  logs = [open(os.path.join(workdir, "run-logs", f"process_{i}.log")).read() for i in (0, 1)]
+  return dict(run_dir=run_dir, stop_s=stop_s, code=code, killed_log=killed_log, logs=logs)
+
+
+def test_two_processes_train_as_one_process_does(one_process_run, killed_and_rerun):
+  _assert_same_run(one_process_run, killed_and_rerun["run_dir"])
+  logs = killed_and_rerun["logs"]
+  assert "RL raised pass@1" in logs[0] and "RL raised pass@1" not in logs[1]   # one writer
+
+
+def test_a_pod_that_loses_a_process_stops_within_the_bound(killed_and_rerun):
+  assert killed_and_rerun["code"] not in (None, 0), "process 0 still running or exited 0"
+  assert killed_and_rerun["stop_s"] < STOP_BOUND_S, killed_and_rerun["stop_s"]
+  assert "RL raised pass@1" not in killed_and_rerun["killed_log"]
+
+
+def test_the_rerun_resumes_from_the_newest_checkpoint(killed_and_rerun):
+  assert "resumed from checkpoint step 1" in killed_and_rerun["logs"][0]
+  assert "SFT: done" not in killed_and_rerun["logs"][0]   # nothing trained twice
