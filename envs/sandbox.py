@@ -396,7 +396,8 @@ def _count_session(sid: int) -> int:
     except OSError:
       continue
     fields = stat[stat.rfind(b")") + 2:].split()
-    if len(fields) > 3 and int(fields[3]) == sid:
+    # A killed leader stays a zombie until it is reaped: it no longer runs anything.
+    if len(fields) > 3 and int(fields[3]) == sid and fields[0] != b"Z":
       n += 1
   return n
 

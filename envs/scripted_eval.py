@@ -5,6 +5,8 @@
 
 Policies: `oracle` replays each task's oracle tool calls through the world's gateway and checks
 that every fact it relies on appears in the tool output; `null` calls no tool and answers "".
+With `harness.style=shell` the gateway serves the shell tools and the oracle's calls are their
+shell translation (envs/tasks/shell_oracle.py).
 `model` runs a served policy through the harness: `main` hands it to
 envs/harness/harness_eval.py.
 
@@ -29,9 +31,11 @@ from envs import eval_summary
 from envs import tasks as tasks_lib
 from envs import worlds
 from envs.apps import gateway as gateway_lib
+from envs.apps import shell_tools
 from envs.apps import worldstate
 from envs.harness import harness_eval
 from envs.tasks import rubric
+from envs.tasks import shell_oracle
 
 POLICIES = ("oracle", "null", "model")
 
@@ -55,10 +59,13 @@ class EpisodeOutcome:
     return self.errors[0] if self.errors else "ok"
 
 
-def scripted_actions(task, policy: str):
-  """(tool calls [(name, args, expect)], final answer) of a scripted policy for a task."""
+def scripted_actions(task, policy: str, style: str = "mcp"):
+  """(tool calls [(name, args, expect)], final answer) of a scripted policy for a task, in the
+  tools of `style` (mcp: the app tools; shell: bash, read, ...)."""
   if policy == "oracle":
-    return [(s["name"], s["args"], s.get("expect", [])) for s in task.oracle_steps], task.oracle_answer
+    steps = (shell_oracle.shell_steps(task) if shell_tools.check_style(style) == "shell"
+             else task.oracle_steps)
+    return [(s["name"], s["args"], s.get("expect", [])) for s in steps], task.oracle_answer
   if policy == "null":
     return [], ""
   raise ValueError(f"no scripted policy {policy!r}")
@@ -70,17 +77,19 @@ def _expect_ok(text: str, exp: dict, envs_cfg) -> bool:
   return exp["text"].lower() in text.lower()
 
 
-def run_episode(task, gw, inst: worldstate.WorldInstance, envs_cfg, policy: str) -> EpisodeOutcome:
-  """One episode of a scripted policy on an open gateway whose world is `inst`."""
+def run_episode(task, gw, inst: worldstate.WorldInstance, envs_cfg, policy: str,
+                style: str = "mcp") -> EpisodeOutcome:
+  """One episode of a scripted policy on an open gateway (of tool style `style`) whose world is
+  `inst`."""
   t0 = time.monotonic()
   inst.reset(task.input_files)
   errors, detail = [], ""
-  steps, answer = scripted_actions(task, policy)
+  steps, answer = scripted_actions(task, policy, style)
   for name, args, expect in steps:
     r = gw.call_tool(name, args, timeout=envs_cfg.client_timeout_s)
     if r.is_error:
       errors.append(f"tool:{r.error_kind}")
-    elif name == "code_execution_run_python" and not r.text.startswith("status: ok"):
+    elif name in ("code_execution_run_python", "bash") and not r.text.startswith("status: ok"):
       # e.g. "status: timeout": the sandbox stopped the run; name the limit, not the oracle.
       errors.append("sandbox:" + r.text.split()[1])
     elif any(not _expect_ok(r.text, e, envs_cfg) for e in expect):
@@ -113,8 +122,10 @@ def _chunks(task_list, envs_cfg, concurrency):
 
 
 def run_tasks(task_list, envs_cfg, policy: str, transport: str, concurrency: int,
-              worlds_root: str, work_root: str = None, timing: dict = None) -> list:
-  """Runs scripted episodes; returns [EpisodeOutcome] in task order.
+              worlds_root: str, work_root: str = None, timing: dict = None,
+              style: str = "mcp") -> list:
+  """Runs scripted episodes through the tools of `style` (mcp | shell); returns
+  [EpisodeOutcome] in task order.
 
   With `timing` (a dict), every stream waits until all gateways have started, and
   timing["started"] / timing["done"] get the monotonic times of that moment and of the end:
@@ -122,6 +133,7 @@ def run_tasks(task_list, envs_cfg, policy: str, transport: str, concurrency: int
   """
   if transport not in ("mcp", "local"):
     raise ValueError(f"eval.transport must be mcp or local, got {transport!r}")
+  shell_tools.check_style(style)
   own_tmp = work_root is None
   work_root = work_root or tempfile.mkdtemp(prefix="worlds_work_")
 
@@ -136,8 +148,8 @@ def run_tasks(task_list, envs_cfg, policy: str, transport: str, concurrency: int
     out = []
     try:
       try:
-        gw = (gateway_lib.Gateway(inst.path, envs_cfg) if transport == "mcp"
-              else gateway_lib.LocalGateway(inst.path, envs_cfg))
+        gw = (gateway_lib.Gateway(inst.path, envs_cfg, style) if transport == "mcp"
+              else gateway_lib.LocalGateway(inst.path, envs_cfg, style))
       except Exception as e:  # noqa: BLE001 - every start failure is counted, not raised
         print(f"gateway start failed for {wid}: {type(e).__name__}: {e}", file=sys.stderr)
         if barrier is not None:
@@ -153,7 +165,7 @@ def run_tasks(task_list, envs_cfg, policy: str, transport: str, concurrency: int
             pass
         for t in unit:
           try:
-            out.append(run_episode(t, gw, inst, envs_cfg, policy))
+            out.append(run_episode(t, gw, inst, envs_cfg, policy, style))
           except Exception:  # noqa: BLE001
             traceback.print_exc()
             out.append(EpisodeOutcome(t.id, t.domain, t.level, 0.0, False, ["episode_exception"],
@@ -183,12 +195,16 @@ def summarize(outcomes: list, tasks: list, resamples: int, seed: int = 0) -> dic
   return s
 
 
-def main(config, flags=None):
+def main(config, flags=None, split=None):
+  """Args: split, for a job of several processes (rl.distributed.work_split): items -> (this
+  process's block, collect), where collect(results) returns every process's results in item
+  order; None = every task here."""
   policy = config.policy
   if policy not in POLICIES:
     raise ValueError(f"config.policy must be one of {POLICIES}, got {policy!r}")
   if policy == "model":
-    return harness_eval.main(config, flags)
+    return harness_eval.main(config, flags, split)
+  style = shell_tools.check_style(config.harness.style)
   envs_cfg = config.envs
   t0 = time.monotonic()
   root = worlds.ensure_worlds(envs_cfg)
@@ -196,12 +212,13 @@ def main(config, flags=None):
   task_list = tasks_lib.load_split(envs_cfg, config.eval.split)
   if config.eval.max_tasks:
     task_list = task_list[:config.eval.max_tasks]
+  mine, collect = split(task_list) if split is not None else (task_list, list)
   print(f"worlds ready in {root} ({t_gen:.1f}s); split={config.eval.split} tasks={len(task_list)} "
-        f"policy={policy} transport={config.eval.transport} concurrency={config.eval.concurrency}",
-        flush=True)
+        f"({len(mine)} in this process) policy={policy} tools={style} "
+        f"transport={config.eval.transport} concurrency={config.eval.concurrency}", flush=True)
   t1 = time.monotonic()
-  outcomes = run_tasks(task_list, envs_cfg, policy, config.eval.transport,
-                       config.eval.concurrency, root)
+  outcomes = collect(run_tasks(mine, envs_cfg, policy, config.eval.transport,
+                               config.eval.concurrency, root, style=style))
   dt = time.monotonic() - t1
   s = summarize(outcomes, task_list, config.loop.bootstrap, config.seed)
   for line in eval_summary.format_eval(f"{config.eval.split} split", s, dt):

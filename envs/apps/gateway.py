@@ -10,6 +10,8 @@
 `Gateway` is synchronous (it owns an event loop thread), for agent loops written as plain
 code; `AsyncGateway` is the same over asyncio. `LocalGateway` runs the tools in-process
 without MCP (fast grading checks); its results are identical apart from transport errors.
+Each takes a `style`: "mcp" (the app tools, the default) or "shell" (bash, read, write, edit,
+glob, grep over the world's folder; envs.apps.shell_tools).
 
 Error kinds in ToolResult.error_kind: the tool's own ("path_outside_world", "not_found",
 "bad_argument", "unsupported", "timeout", "internal", "unknown_tool", "validation") or the
@@ -26,6 +28,7 @@ import threading
 import mcp
 
 from envs.apps import server
+from envs.apps import shell_tools
 from envs.apps import tools as tools_lib
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -56,9 +59,10 @@ def tool_specs(list_tools_result) -> list:
 class AsyncGateway:
   """A gateway process for one world directory, spoken to over stdio MCP."""
 
-  def __init__(self, world_dir: str, envs_cfg):
+  def __init__(self, world_dir: str, envs_cfg, style: str = "mcp"):
     self.world_dir = os.path.abspath(world_dir)
     self.cfg = envs_cfg
+    self.style = shell_tools.check_style(style)
     self._client = None
     self.instructions = ""
 
@@ -66,7 +70,7 @@ class AsyncGateway:
     params = mcp.StdioServerParameters(
         command=sys.executable,
         args=["-m", "envs.apps.server", "--world_dir", self.world_dir, "--quiet",
-              "--envs_json", json.dumps(self.cfg.to_dict())],
+              "--style", self.style, "--envs_json", json.dumps(self.cfg.to_dict())],
         env={"PYTHONPATH": _REPO, "PYTHONUNBUFFERED": "1"}, cwd=_REPO)
     self._client = mcp.Client(params, read_timeout_seconds=float(self.cfg.client_timeout_s),
                               mode="legacy")
@@ -108,11 +112,12 @@ class AsyncGateway:
 class Gateway:
   """Synchronous facade over AsyncGateway (its own event-loop thread)."""
 
-  def __init__(self, world_dir: str, envs_cfg):
+  def __init__(self, world_dir: str, envs_cfg, style: str = "mcp"):
+    shell_tools.check_style(style)
     self._loop = asyncio.new_event_loop()
     self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
     self._thread.start()
-    self._gw = AsyncGateway(world_dir, envs_cfg)
+    self._gw = AsyncGateway(world_dir, envs_cfg, style)
     try:
       self._run(self._gw.start())
     except BaseException:
@@ -150,13 +155,14 @@ class Gateway:
 class LocalGateway:
   """The same tools called in-process (no MCP, no subprocess): for fast grading checks."""
 
-  def __init__(self, world_dir: str, envs_cfg):
-    self.tools = tools_lib.WorldTools(world_dir, envs_cfg)
+  def __init__(self, world_dir: str, envs_cfg, style: str = "mcp"):
+    self.style = style
+    self.tools = shell_tools.toolset(style)(world_dir, envs_cfg)
     self.cap = int(envs_cfg.tool_output_chars)
     self.instructions = "in-process tools"
 
   def list_tools(self) -> list:
-    srv = server.build_server(self.tools.world_dir, self.tools.cfg)
+    srv = server.build_server(self.tools.world_dir, self.tools.cfg, self.style)
 
     async def go():
       async with mcp.Client(srv) as c:

@@ -1,8 +1,11 @@
 """The MCP gateway of one world: every app's tools in one stdio MCP server (mcp 2.3 MCPServer).
 
   python -m envs.apps.server --world_dir <working copy> --envs_json '<config.envs as JSON>'
+      [--style mcp|shell]
 
-Tool names carry their app as prefix (`spreadsheets_read_sheet`, `mail_send_message`, ...).
+Tool names carry their app as prefix (`spreadsheets_read_sheet`, `mail_send_message`, ...);
+with --style shell the server serves the shell tools over the world's folder instead (bash,
+read, write, edit, glob, grep; envs.apps.shell_tools), the same way.
 Each call runs in a worker thread under a server-side time limit (mcp has none of its own),
 and its text is cut to `tool_output_chars`. Failures come back as is_error results whose text
 starts with "[kind]" (see envs.apps.tools.ToolFailure). The server's `instructions` carry the
@@ -22,18 +25,24 @@ from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from envs import sandbox
+from envs.apps import shell_tools
 from envs.apps import tools as tools_lib
 
 
-def build_server(world_dir: str, envs_cfg) -> MCPServer:
-  """An MCPServer exposing the tools of the world at world_dir (a working copy)."""
-  wt = tools_lib.WorldTools(world_dir, envs_cfg)
+def build_server(world_dir: str, envs_cfg, style: str = "mcp") -> MCPServer:
+  """An MCPServer exposing the tools of the world at world_dir (a working copy): the app tools
+  (style "mcp") or the shell tools over the world's folder (style "shell")."""
+  wt = shell_tools.toolset(style)(world_dir, envs_cfg)
   iso = sandbox.isolation(envs_cfg.sandbox)
-  server = MCPServer(
-      name=f"world-{os.path.basename(os.path.normpath(world_dir))}",
-      instructions=(f"Apps of one knowledge-work world: {', '.join(tools_lib.APPS)}. Paths are "
-                    f"relative to the world's root '/'. code_execution isolation: {iso}"),
-      log_level="WARNING")
+  if style == "shell":
+    instructions = ("Shell tools over one knowledge-work world: bash, read, write, edit, glob, "
+                    "grep. The workspace is the world's folder: files/ (documents) and apps/ "
+                    f"(mail.json, chat.json, calendar.json). bash isolation: {iso}")
+  else:
+    instructions = (f"Apps of one knowledge-work world: {', '.join(tools_lib.APPS)}. Paths are "
+                    f"relative to the world's root '/'. code_execution isolation: {iso}")
+  server = MCPServer(name=f"world-{os.path.basename(os.path.normpath(world_dir))}",
+                     instructions=instructions, log_level="WARNING")
   limit = float(envs_cfg.tool_time_limit_s)
   cap = int(envs_cfg.tool_output_chars)
   # One call at a time per world: app state is read-modify-written on disk.
@@ -59,7 +68,7 @@ def build_server(world_dir: str, envs_cfg) -> MCPServer:
     call.__annotations__ = dict(fn.__annotations__)
     return call
 
-  for name in tools_lib.WorldTools.TOOL_NAMES:
+  for name in wt.TOOL_NAMES:
     fn = getattr(wt, name)
     server.add_tool(make(name), name=name, description=inspect.cleandoc(fn.__doc__ or name),
                     structured_output=False)
@@ -73,10 +82,12 @@ def main(argv=None):
   ap.add_argument("--world_dir", required=True)
   ap.add_argument("--envs_json", required=True, help="config.envs as JSON")
   ap.add_argument("--quiet", action="store_true", help="no start line on stderr")
+  ap.add_argument("--style", default="mcp", choices=shell_tools.STYLES,
+                  help="tool set: the app tools (mcp) or the shell tools (shell)")
   args = ap.parse_args(argv)
   envs_cfg = ml_collections.ConfigDict(json.loads(args.envs_json))
   logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-  server = build_server(args.world_dir, envs_cfg)
+  server = build_server(args.world_dir, envs_cfg, args.style)
   if not args.quiet:
     print(f"world gateway {args.world_dir}: isolation {server.isolation}", file=sys.stderr,
           flush=True)

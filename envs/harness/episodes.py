@@ -6,6 +6,10 @@ of the task's world and a stdio MCP gateway process (envs.apps.gateway.Gateway).
 kept for the next episode of the same world in that process (reset to pristine plus the
 task's input files, far cheaper than a new gateway), unless the episode ended in a way that
 leaves the world suspect (a timeout, a crash), in which case it is killed.
+
+`config.harness.style` picks the tools the gateway serves: "mcp", the app tools, or "shell",
+bash, read, write, edit, glob and grep over the world's folder (envs.apps.shell_tools; its
+episodes carry a system prompt that describes the workspace). Grading is the same either way.
 """
 import dataclasses
 import os
@@ -16,6 +20,7 @@ from typing import Any
 import ml_collections
 
 from envs import tasks as tasks_lib
+from envs.apps import shell_tools
 from envs.apps.gateway import Gateway
 from envs.apps.worldstate import WorldInstance
 from envs.harness.errors import ToolTimeout
@@ -29,9 +34,9 @@ from envs.harness.world import register_exit_hook
 _CRASH_KINDS = ("gateway_crash",)
 _TIMEOUT_KINDS = ("client_timeout",)
 
-# Per-process cache of started worlds: world_id -> (WorldInstance, Gateway, tools, gateway
-# pid). One agent loop per process, so at most one entry is live at a time.
-_CACHE: dict[str, tuple[Any, Any]] = {}
+# Per-process cache of started worlds: (world_id, style) -> (WorldInstance, Gateway, tools,
+# gateway pid). One agent loop per process, so at most one entry is live at a time.
+_CACHE: dict[tuple[str, str], tuple[Any, Any]] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,25 +49,29 @@ class GatewayWorldSpec:
     worlds_root: where the worlds are rendered (envs.worlds.ensure_worlds).
     work_root: parent of the per-process working copies ("" = the system temp dir).
     tool_timeout_s: the gateway client's read timeout for one call.
+    style: the tools served (config.harness.style): mcp | shell.
   """
   task_json: str
   envs_cfg: dict
   worlds_root: str
   work_root: str = ""
   tool_timeout_s: float = 30.0
+  style: str = "mcp"
 
   def start(self) -> "GatewayWorld":
+    shell_tools.check_style(self.style)
     work_root = self.work_root or tempfile.gettempdir()
     _once_per_process(work_root)
     task = tasks_lib.Task.from_json(self.task_json)
     cfg = ml_collections.ConfigDict(self.envs_cfg)
-    for wid in [w for w in _CACHE if w != task.world_id]:
-      _drop(wid)
-    if task.world_id in _CACHE:
-      inst, gw, tools, pid = _CACHE.pop(task.world_id)
+    key = (task.world_id, self.style)
+    for k in [k for k in _CACHE if k != key]:
+      _drop(k)
+    if key in _CACHE:
+      inst, gw, tools, pid = _CACHE.pop(key)
       try:
         # The gateway may have died since the last episode: check before handing it out.
-        world = GatewayWorld(task, cfg, inst, gw, self.tool_timeout_s, tools, pid)
+        world = GatewayWorld(task, cfg, inst, gw, self.tool_timeout_s, tools, pid, self.style)
         if not world._gateway_alive():
           raise WorldCrashed("cached gateway is gone")
         inst.reset(task.input_files)
@@ -73,19 +82,20 @@ class GatewayWorldSpec:
     inst = WorldInstance(os.path.join(self.worlds_root, task.world_id), work)
     try:
       inst.reset(task.input_files)
-      gw = Gateway(inst.path, cfg)
+      gw = Gateway(inst.path, cfg, self.style)
     except BaseException:
       inst.close()
       raise
-    return GatewayWorld(task, cfg, inst, gw, self.tool_timeout_s)
+    return GatewayWorld(task, cfg, inst, gw, self.tool_timeout_s, style=self.style)
 
 
 class GatewayWorld:
   """A started world: the gateway's tools, grading against the task's rubric."""
 
   def __init__(self, task, cfg, inst, gateway, tool_timeout_s: float, tools=None,
-               pid: int | None = None):
+               pid: int | None = None, style: str = "mcp"):
     self.task, self.cfg, self.inst, self.gw = task, cfg, inst, gateway
+    self.style = style    # the tools served: mcp | shell (envs.harness.tool_subset reads it)
     self.tool_timeout_s = tool_timeout_s
     self._tools = tools   # the same world serves the same tools: listed once per gateway
     self._pid = pid       # the gateway's process id, found once
@@ -129,7 +139,7 @@ class GatewayWorld:
 
   def close(self, reuse: bool = False) -> None:
     if reuse:
-      _CACHE[self.task.world_id] = (self.inst, self.gw, self._tools, self._pid)
+      _CACHE[(self.task.world_id, self.style)] = (self.inst, self.gw, self._tools, self._pid)
     else:
       _close(self.inst, self.gw)
 
@@ -178,9 +188,9 @@ def _once_per_process(work_root: str) -> None:
 
 def release_all() -> None:
   """Closes every cached world of this process (gateway processes and working copies)."""
-  for wid in list(_CACHE):
+  for key in list(_CACHE):
     try:
-      _drop(wid)
+      _drop(key)
     except Exception:  # noqa: BLE001 - best effort at exit
       pass
 
@@ -192,23 +202,27 @@ def _close(inst, gw) -> None:
     inst.close()
 
 
-def _drop(wid: str) -> None:
-  inst, gw = _CACHE.pop(wid)[:2]
+def _drop(key: tuple[str, str]) -> None:
+  inst, gw = _CACHE.pop(key)[:2]
   _close(inst, gw)
 
 
 def task_episodes(tasks, config, samples_per_task: int = 1, first_group: int = 0,
                   worlds_root: str | None = None, work_root: str = "") -> list[Episode]:
-  """Episodes for a list of envs.tasks.Task: `samples_per_task` per task, one group each."""
+  """Episodes for a list of envs.tasks.Task: `samples_per_task` per task, one group each, in
+  worlds serving the tools of config.harness.style."""
+  style = shell_tools.check_style(config.harness.style)
+  system_prompt = shell_tools.SYSTEM_PROMPT if style == "shell" else ""
   envs_dict = config.envs.to_dict()
   root = os.path.abspath(worlds_root or config.envs.worlds_root)
   out = []
   for g, task in enumerate(tasks):
     spec = GatewayWorldSpec(task.to_json(), envs_dict, root, work_root,
-                            float(config.harness.tool_timeout_s))
+                            float(config.harness.tool_timeout_s), style)
     for k in range(samples_per_task):
       out.append(Episode(task_id=task.id, prompt=task.prompt, world=spec,
                          group_id=first_group + g, sample_index=k,
+                         system_prompt=system_prompt,
                          seed=(config.seed * 1_000_003 + (first_group + g) * 1009 + k),
                          meta={"domain": task.domain, "level": task.level,
                                "family": task.family, "world_id": task.world_id}))

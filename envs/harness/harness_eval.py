@@ -43,7 +43,7 @@ class NullPolicy(ScriptedPolicy):
 def policy_factory(config, tasks):
   """The picklable `ChatFormat -> Policy` factory named by config.policy."""
   if config.policy == "oracle":
-    return oracle_factory([t.to_json() for t in tasks])
+    return oracle_factory([t.to_json() for t in tasks], config.harness.style)
   if config.policy == "null":
     return functools.partial(NullPolicy)
   if config.policy == "model":
@@ -79,7 +79,10 @@ def summarize(results, tasks, resamples: int, seed: int = 0) -> dict:
   return s
 
 
-def main(config, flags=None):
+def main(config, flags=None, split=None):
+  """Args: split, for a job of several processes (rl.distributed.work_split): items -> (this
+  process's block, collect), where collect(results) returns every process's results in item
+  order; None = every episode here."""
   del flags
   t0 = time.monotonic()
   tasks = tasks_lib.load_split(config.envs, config.eval.split)
@@ -92,8 +95,9 @@ def main(config, flags=None):
         f"tasks={len(tasks)} policy={config.policy} through the harness, "
         f"{config.harness.num_workers} agent-loop processes", flush=True)
   t1 = time.monotonic()
+  mine, collect = split(episodes) if split is not None else (episodes, list)
   with AgentPool.from_config(config, factory) as pool:
-    results = pool.run(episodes)
+    results = collect(pool.run(mine))
     deaths = list(pool.deaths)
   dt = time.monotonic() - t1
   s = summarize(results, tasks, config.loop.bootstrap, config.seed)

@@ -4,9 +4,16 @@ The small setups have no use for most of the 24 tools, and each one costs a few 
 system prompt in every trajectory. `ToolSubsetSpec` wraps any world spec of the harness; the
 world it starts lists only the named tools (a call to a hidden one is an unknown-tool error like
 any other) and, with schema "compact", each tool's JSON cut to its name and required parameters.
+
+The tools follow the world's style (config.harness.style): a world of the shell style serves
+bash, read, write, edit, glob and grep, and `loop.tools` names of the app tools (the MCP style)
+do not apply to it, nor shell names to an MCP world. A list that names only tools of the other
+style shows the world's tools whole.
 """
 import dataclasses
 from typing import Any
+
+from envs.apps import shell_tools
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,9 +70,10 @@ class ToolSubsetWorld:
 
   def tools(self):
     out = self._w.tools()
-    if self._names:
-      out = [t for t in out if t.get("function", t)["name"] in self._names]
-      missing = self._names - {t.get("function", t)["name"] for t in out}
+    names = _names_for_style(self._names, getattr(self._w, "style", None))
+    if names:
+      out = [t for t in out if t.get("function", t)["name"] in names]
+      missing = names - {t.get("function", t)["name"] for t in out}
       if missing:
         raise ValueError(f"config.loop.tools names tools this world does not have: "
                          f"{sorted(missing)}")
@@ -79,3 +87,12 @@ class ToolSubsetWorld:
 
   def close(self, reuse: bool = False):
     return self._w.close(reuse=reuse)
+
+
+def _names_for_style(names: set, style: str | None) -> set:
+  """The names of `names` that apply to a world of `style` (None: a world of no style, e.g. a
+  test's: all of them). Names of the other style's tools are left out."""
+  if style is None:
+    return set(names)
+  other = {n for s in shell_tools.STYLES if s != style for n in shell_tools.tool_names(s)}
+  return set(names) - (other - set(shell_tools.tool_names(style)))

@@ -19,6 +19,10 @@ Types:
   unchanged      path                          a file is byte-identical to before
   judge          instruction                   a judge model decides (needs envs.judge_endpoint)
 Items in `contains` are {"number": v, "decimals": d} or {"text": s}.
+
+The world after the episode is the agent's work: an app file or document it left unreadable
+(malformed JSON, a broken workbook, a missing apps/*.json; easy with the shell tool style,
+which edits apps/*.json directly) fails the criteria that read it, with the error as detail.
 """
 import dataclasses
 import datetime
@@ -118,8 +122,23 @@ def _slide_count(path: str, mtime_ns: int, size: int) -> int:
   return len(Presentation(path).slides)
 
 
+# Criteria that read the world's files (the others read the final answer or ask a judge).
+WORLD_TYPES = ("mail_sent", "mail_count", "cell_value", "file_contains", "slide_added",
+               "event_booked", "event_count", "chat_posted", "unchanged")
+
+
 def check(c: dict, answer: str, before: str, after: str, cfg) -> CriterionResult:
   """One criterion. `before`/`after` are world directories (files/ + apps/)."""
+  if c["type"] not in WORLD_TYPES:
+    return _check(c, answer, before, after, cfg)
+  try:
+    return _check(c, answer, before, after, cfg)
+  except Exception as e:  # noqa: BLE001 - any way the agent broke a file fails the criterion
+    return CriterionResult(c.get("description", c["type"]), False,
+                           f"world state unreadable: {type(e).__name__}: {str(e)[:200]}")
+
+
+def _check(c: dict, answer: str, before: str, after: str, cfg) -> CriterionResult:
   t = c["type"]
   desc = c.get("description", t)
   ok, detail = False, ""
