@@ -35,7 +35,7 @@ _DRY_RUN = flags.DEFINE_bool("dry_run", False, "With --sweep: print the jobs, ru
 _MODES = {
     "model": "models.inspect_cli:main",
     "plan": "rl.plan:main",
-    "eval": "envs.scripted_eval:main",
+    "eval": "rl.evaluation:main_eval",
     "serve": "rl.rollout.serve:main",
     "sft": "rl.sft:main_sft",
     "rl": "rl.learner:main_rl",

@@ -140,6 +140,19 @@ def gather(tag: str, items: list, timeout_s: float = 3600.0) -> list:
   return [x for part in exchange(tag, list(items), timeout_s) for x in part]
 
 
+def work_split(kind: str, timeout_s: float = 3600.0):
+  """A splitter for code below `rl` that takes one as an argument (the evals of envs/):
+  `split(items)` returns this process's block of the items and `collect(results)`, which returns
+  every process's results, the blocks' in item order. One process: all items, results as they
+  are."""
+  def split(items):
+    items = list(items)
+    if jax.process_count() == 1:
+      return items, list
+    return items[share(len(items))], lambda results: gather(next_tag(kind), results, timeout_s)
+  return split
+
+
 def summed(tag: str, figures: dict, timeout_s: float = 3600.0) -> dict:
   """Every process's `figures` (name -> number) added up: counters of per-process parts (each
   host's rollout engine) as the job's totals. One process: `figures`."""

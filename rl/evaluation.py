@@ -4,10 +4,15 @@ loop.eval_every steps, and after RL; and the run's summary.json around those fig
 Every eval of one run sees the same tasks (loop.eval_levels, loop.eval_max_tasks of the eval
 split) at loop.eval_temperature, with episode seeds keyed by the step, so a before/after change is
 measured task by task (the paired interval of envs.eval_summary).
+
+`main_eval` is `--mode=eval` (envs/scripted_eval.py) with its tasks split over the job's
+processes.
 """
 from __future__ import annotations
 
 from envs import eval_summary
+from envs import scripted_eval
+from rl import distributed
 from rl.rollouts import run_pool
 from rl.task_data import make_episodes
 
@@ -66,3 +71,11 @@ def print_before_after(out: dict, config, summary_path: str) -> None:
   paired = f" (paired 95% CI {paired[0]:+.3f}, {paired[1]:+.3f})" if paired else ""
   print(f"RL raised pass@1 by {out['delta_pass_at_1']:+.3f}{paired}; outside both intervals: "
         f"{out['improved_outside_cis']}; summary in {summary_path}", flush=True)
+
+
+def main_eval(config, flags=None) -> dict:
+  """--mode=eval: a scripted policy or a checkpoint over the eval tasks. In a job of several
+  processes each runs its block of the tasks on its own worlds (and engine) and every one pools
+  the outcomes, so the summary is the single-process run's; process 0 prints it."""
+  split = distributed.work_split("eval", float(config.distributed.exchange_timeout_s))
+  return scripted_eval.main(config, flags, split=split)

@@ -79,6 +79,24 @@ def test_processes_with_different_overrides_stop_naming_the_keys_that_differ(tmp
     assert "scored a batch" not in log   # stopped before the mode ran
 
 
+def test_a_scripted_eval_split_over_two_processes_reports_what_one_process_does(tmp_path):
+  cmd = [sys.executable, os.path.join(ROOT, "launch.py"), "--mode=eval",
+         "--config=" + os.path.join(ROOT, "configs/tiny_cpu.py"), "--config.policy=oracle",
+         "--config.eval.max_tasks=12",
+         "--config.eval.split=eval", "--config.eval.concurrency=2"]
+  reports = []
+  for processes in (1, 2):
+    log_dir = tmp_path / str(processes)
+    procs = local_pod.start([cmd] * processes, 1, str(log_dir), console=False)
+    assert local_pod.wait(procs, 60) == 0, _log(log_dir, 0)[-3000:]
+    log = _log(log_dir, 0)
+    assert f"tasks=12 ({12 // processes} in this process)" in log
+    reports.append(log.strip().splitlines()[-1])   # the summary as one line of JSON
+    if processes == 2:
+      assert "{" not in _log(log_dir, 1)   # process 1 ran its block and printed nothing
+  assert reports[0] == reports[1] and '"pass_at_1": 1.0' in reports[0]
+
+
 def test_each_process_gets_the_coordinator_its_id_and_its_own_cpu_devices():
   env = local_pod.process_env(1, 2, 4, 1234, base={"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --foo"})
   assert env["JAX_COORDINATOR_ADDRESS"] == "127.0.0.1:1234"
