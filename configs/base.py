@@ -316,6 +316,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.loop.eval_every = 0              # RL steps between held-out evals; 0 = only before and after RL
   c.loop.eval_levels = (1, 2, 3)     # task levels of the held-out eval (eval split)
   c.loop.eval_max_tasks = 0          # held-out eval on the first N tasks of those levels; 0 = all
+  c.loop.eval_styles = ()            # harness styles the held-out evals also run under (besides harness.style), e.g. ("mcp", "shell"): summary.json by_style
   c.loop.eval_samples = 1            # samples per eval task (pass@1 averages over them)
   c.loop.eval_temperature = -1.0     # sampling temperature of the held-out eval; < 0 = rl.temperature, 0 = greedy
   c.loop.bootstrap = 2000            # bootstrap resamples of the 95% intervals

@@ -35,6 +35,30 @@ def evaluate(pool, config, tasks, step: int, tag: str) -> dict:
   return eval_summary.summarize(results, tasks, config.loop.bootstrap, config.seed)
 
 
+def other_styles(config) -> list:
+  """loop.eval_styles other than the one RL trains under (harness.style), in order."""
+  return [s for s in dict.fromkeys(config.loop.eval_styles) if s != config.harness.style]
+
+
+def evaluate_other_styles(pool, config, tasks, step: int, tag: str, summary: dict,
+                          key: str) -> None:
+  """The same held-out eval under each of `other_styles` (the same served policy, episodes
+  whose worlds serve that style's tools), into summary["by_style"][style][key]."""
+  for style in other_styles(config):
+    c = config.copy_and_resolve_references()
+    c.harness.style = style
+    summary.setdefault("by_style", {}).setdefault(style, {})[key] = evaluate(
+        pool, c, tasks, step, f"{tag}, {style} tools")
+
+
+def _change(b: dict, a: dict, config) -> dict:
+  out = {"delta_pass_at_1": a["pass_at_1"] - b["pass_at_1"]}
+  if "per_task_pass" in b and "per_task_pass" in a:
+    out["delta_pass_at_1_ci95"] = eval_summary.paired_bootstrap_delta(
+        b["per_task_pass"], a["per_task_pass"], int(config.loop.bootstrap), int(config.seed))
+  return out
+
+
 def before_label(config) -> str:
   return "before RL (after SFT)" if config.loop.sft_first and config.sft.steps else "before RL"
 
@@ -56,9 +80,10 @@ def finish_summary(summary: dict, config, eval_tasks) -> dict:
     # interval, and the before-RL figure below the after-RL interval.
     out["improved_outside_cis"] = bool(a["pass_at_1"] > b["pass_at_1_ci95"][1]
                                        and b["pass_at_1"] < a["pass_at_1_ci95"][0])
-    if "per_task_pass" in b and "per_task_pass" in a:
-      out["delta_pass_at_1_ci95"] = eval_summary.paired_bootstrap_delta(
-          b["per_task_pass"], a["per_task_pass"], int(config.loop.bootstrap), int(config.seed))
+    out.update(_change(b, a, config))
+  for runs in out.get("by_style", {}).values():
+    if "before_rl" in runs and "after_rl" in runs:
+      runs.update(_change(runs["before_rl"], runs["after_rl"], config))
   return out
 
 
@@ -67,10 +92,18 @@ def print_before_after(out: dict, config, summary_path: str) -> None:
   print(eval_summary.format_summary(before_label(config), out["before_rl"]), flush=True)
   print(eval_summary.format_summary("after RL", out["after_rl"]), flush=True)
   print(eval_summary.format_families(out["before_rl"], out["after_rl"]), flush=True)
+  for style, runs in out.get("by_style", {}).items():
+    if "delta_pass_at_1" in runs:
+      print(f"under the {style} tools: pass@1 {runs['before_rl']['pass_at_1']:.3f} -> "
+            f"{runs['after_rl']['pass_at_1']:.3f}, change {runs['delta_pass_at_1']:+.3f}"
+            f"{_paired(runs)}", flush=True)
+  print(f"RL raised pass@1 by {out['delta_pass_at_1']:+.3f}{_paired(out)}; outside both "
+        f"intervals: {out['improved_outside_cis']}; summary in {summary_path}", flush=True)
+
+
+def _paired(out: dict) -> str:
   paired = out.get("delta_pass_at_1_ci95")
-  paired = f" (paired 95% CI {paired[0]:+.3f}, {paired[1]:+.3f})" if paired else ""
-  print(f"RL raised pass@1 by {out['delta_pass_at_1']:+.3f}{paired}; outside both intervals: "
-        f"{out['improved_outside_cis']}; summary in {summary_path}", flush=True)
+  return f" (paired 95% CI {paired[0]:+.3f}, {paired[1]:+.3f})" if paired else ""
 
 
 def main_eval(config, flags=None) -> dict:

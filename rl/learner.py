@@ -33,6 +33,7 @@ from rl.batch import check_batch_shape
 from rl.checkpoint import Checkpointer
 from rl.evaluation import before_label
 from rl.evaluation import evaluate
+from rl.evaluation import evaluate_other_styles
 from rl.evaluation import finish_summary
 from rl.evaluation import print_before_after
 from rl.metrics import Metrics
@@ -186,6 +187,7 @@ def run_rl(config, flags=None) -> dict:
         s = evaluate(pool, cfg, eval_tasks, 0, "before RL")
         summary["before_rl"] = s
         metrics.write(start_step, "eval", eval_summary.scalars(s))
+        evaluate_other_styles(pool, cfg, eval_tasks, 0, "before RL", summary, "before_rl")
         write_json(summary_path, finish_summary(summary, config, eval_tasks))
       print(eval_summary.format_summary(before_label(config), summary["before_rl"]), flush=True)
       run = RLRun(cfg, step_fn, server, pool, stream, metrics=metrics,
@@ -196,6 +198,7 @@ def run_rl(config, flags=None) -> dict:
       s = evaluate(pool, cfg, eval_tasks, steps, "after RL")
       summary["after_rl"] = s
       metrics.write(steps, "eval", eval_summary.scalars(s))
+      evaluate_other_styles(pool, cfg, eval_tasks, steps, "after RL", summary, "after_rl")
   finally:
     metrics.close()
   ckpt.close()

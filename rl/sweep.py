@@ -46,10 +46,12 @@ def _check_keys(config, job: dict) -> None:
       raise SystemExit(f"--sweep: unknown config key {key!r}")
 
 
-def _value(v) -> str:
+def _value(v, inside: bool = False) -> str:
+  """A flag value ml_collections parses back to `v`; strings in a tuple are quoted (unquoted,
+  "(a,b)" would parse as the one string "(a,b)")."""
   if isinstance(v, (tuple, list)):
-    return "(" + ",".join(_value(x) for x in v) + ("," if len(v) == 1 else "") + ")"
-  return str(v)
+    return "(" + ",".join(_value(x, True) for x in v) + ("," if len(v) == 1 else "") + ")"
+  return repr(v) if inside and isinstance(v, str) else str(v)
 
 
 def job_commands(config, jobs: list, argv: list) -> list:
@@ -112,6 +114,32 @@ def table(config, cmds: list) -> str:
   return "\n".join(rows) + "\n"
 
 
+def style_table(config, cmds: list) -> str:
+  """Markdown table of the held-out evals under each harness style (loop.eval_styles) of the
+  jobs that ran them: what training under one style carried over to the other; "" if none."""
+  rows, cross = [], False
+  for name, job, _ in cmds:
+    try:
+      with open(os.path.join(config.workdir, name, "summary.json"), encoding="utf-8") as f:
+        s = json.load(f)
+    except (OSError, ValueError):
+      continue
+    trained = job.get("harness.style", config.harness.style)
+    styles = {trained: s} if "before_rl" in s and "after_rl" in s else {}
+    styles.update(s.get("by_style", {}))
+    cross = cross or bool(s.get("by_style"))
+    for style, r in styles.items():
+      if "before_rl" in r and "after_rl" in r:
+        b, a = r["before_rl"], r["after_rl"]
+        rows.append(f"| {name} | {trained} | {style} | {b['pass_at_1']:.3f} | "
+                    f"{a['pass_at_1']:.3f} | "
+                    f"{_signed(a['pass_at_1'] - b['pass_at_1'], r.get('delta_pass_at_1_ci95'))} |")
+  if not cross:
+    return ""
+  head = "| run | trained under | evaluated under | pass@1 before | pass@1 after | delta (paired 95% CI) |"
+  return "\n".join([head, "|" + "---|" * 6] + rows) + "\n"
+
+
 def run_sweep(spec: str, config, mode: str, argv: list, dry_run: bool = False) -> str:
   jobs = load_sweep(spec)
   cmds = job_commands(config, jobs, argv)
@@ -129,6 +157,8 @@ def run_sweep(spec: str, config, mode: str, argv: list, dry_run: bool = False) -
     if rc:
       failed.append(name)
   out = table(config, cmds)
+  styles = style_table(config, cmds)
+  out += ("\nHeld-out pass@1 by the tools it was evaluated with:\n\n" + styles) if styles else ""
   sweep_name = os.path.splitext(os.path.basename(spec.partition(":")[0]))[0]
   path = os.path.join(config.workdir, "sweeps", f"{sweep_name}-{config.name}.md")
   os.makedirs(os.path.dirname(path), exist_ok=True)

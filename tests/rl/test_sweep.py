@@ -88,3 +88,32 @@ def test_launch_sweep_dry_run_prints_the_jobs():
                         "--dry_run"], cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.count("--config.rl.loss_reduction=") == 4
+
+
+def test_a_tuple_of_strings_reaches_the_job_as_that_tuple():
+  c = tiny_cpu.get_config()
+  cmds = sweep.job_commands(c, sweep.load_sweep(os.path.join(ROOT, "configs/sweeps/harness_transfer.py")),
+                            ["launch.py", "--mode=rl"])
+  for _, job, args in cmds:
+    assert "--config.loop.eval_styles=('mcp','shell')" in args
+    assert f"--config.harness.style={job['harness.style']}" in args
+
+
+def test_style_table_shows_each_arm_under_each_style(tmp_path):
+  c = tiny_cpu.get_config()
+  with c.unlocked():
+    c.workdir = str(tmp_path)
+  jobs = [{"name": "m", "harness.style": "mcp", "loop.eval_styles": ("mcp", "shell")},
+          {"name": "s", "harness.style": "shell", "loop.eval_styles": ("mcp", "shell")}]
+  cmds = sweep.job_commands(c, jobs, ["launch.py"])
+  assert sweep.style_table(c, cmds) == ""   # no summaries yet
+  s = lambda p: {"pass_at_1": p, "pass_at_1_ci95": [0.0, 1.0], "mean_reward": p}  # noqa: E731
+  for name, other in (("m", "shell"), ("s", "mcp")):
+    (tmp_path / f"tiny_cpu-{name}").mkdir()
+    (tmp_path / f"tiny_cpu-{name}" / "summary.json").write_text(json.dumps(
+        {"before_rl": s(0.1), "after_rl": s(0.3),
+         "by_style": {other: {"before_rl": s(0.0), "after_rl": s(0.05)}}}))
+  t = sweep.style_table(c, cmds)
+  assert "| tiny_cpu-m | mcp | mcp | 0.100 | 0.300 | +0.200 |" in t
+  assert "| tiny_cpu-m | mcp | shell | 0.000 | 0.050 | +0.050 |" in t
+  assert "| tiny_cpu-s | shell | mcp | 0.000 | 0.050 | +0.050 |" in t
