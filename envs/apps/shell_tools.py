@@ -245,18 +245,7 @@ class ShellTools:
   # ---- dispatch ------------------------------------------------------------------------------
   def call(self, name: str, args: dict) -> str:
     """Runs tool `name` in-process (the path the MCP server takes), uncapped."""
-    if name not in self.TOOL_NAMES:
-      raise ToolFailure("unknown_tool", f"no tool {name!r}")
-    try:
-      with self.lock:
-        self.cancel.clear()
-        return getattr(self, name)(**(args or {}))
-    except ToolFailure:
-      raise
-    except TypeError as e:
-      raise ToolFailure("bad_argument", str(e)) from e
-    except Exception as e:  # an unreadable file or a bug: still an error the agent can see
-      raise ToolFailure("internal", f"{type(e).__name__}: {e}") from e
+    return tools_lib.dispatch(self, name, args)
 
 
 def _cut(line: str, n: int) -> str:

@@ -402,18 +402,24 @@ class WorldTools:
   # ---- dispatch ------------------------------------------------------------------------------
   def call(self, name: str, args: dict) -> str:
     """Runs tool `name` in-process (the same path the MCP server takes), uncapped."""
-    if name not in self.TOOL_NAMES:
-      raise ToolFailure("unknown_tool", f"no tool {name!r}")
-    try:
-      with self.lock:
-        self.cancel.clear()
-        return getattr(self, name)(**(args or {}))
-    except ToolFailure:
-      raise
-    except TypeError as e:
-      raise ToolFailure("bad_argument", str(e)) from e
-    except Exception as e:  # a bug or a malformed file: still an error the agent can see
-      raise ToolFailure("internal", f"{type(e).__name__}: {e}") from e
+    return dispatch(self, name, args)
+
+
+def dispatch(tools, name: str, args: dict) -> str:
+  """Runs tool `name` of a tool set (its TOOL_NAMES, lock and cancel event) with `args`; every
+  failure is a ToolFailure of the taxonomy."""
+  if name not in tools.TOOL_NAMES:
+    raise ToolFailure("unknown_tool", f"no tool {name!r}")
+  try:
+    with tools.lock:
+      tools.cancel.clear()
+      return getattr(tools, name)(**(args or {}))
+  except ToolFailure:
+    raise
+  except TypeError as e:
+    raise ToolFailure("bad_argument", str(e)) from e
+  except Exception as e:  # a bug, a malformed or unreadable file: still an error the agent sees
+    raise ToolFailure("internal", f"{type(e).__name__}: {e}") from e
 
 
 def cap_output(text: str, limit: int) -> str:
