@@ -4,7 +4,7 @@ bash, read, write, edit, glob and grep, generated tasks, the rubric graders.
 The oracle (its MCP steps translated into shell-tool calls, envs/tasks/shell_oracle.py) runs as
 a token-level policy through the process pool and must pass every task; the null policy must
 pass none. By default one task of every family over three worlds (both splits, every domain,
-every level); `--run-slow` runs both full splits.
+every level); `--run-slow` runs the whole eval split.
 """
 import collections
 import dataclasses
@@ -124,10 +124,14 @@ def test_bad_style_is_refused_before_any_world_starts(sample):
 
 
 @pytest.mark.slow
-def test_shell_oracle_full_splits(tmp_path_factory):
+def test_shell_oracle_solves_the_whole_eval_split(tmp_path_factory):
   c = _config(tmp_path_factory.mktemp("all_worlds"))
   worlds.ensure_worlds(c.envs)
-  for split in ("eval", "train"):
+  # The eval split (480 tasks, every level) through the harness: ~5 min on 2 cores. The train
+  # split's 1928 take ~15 min more, past the suite's budget; they are checked with the same
+  # translation by `launch.py --mode=eval --config.policy=oracle --config.eval.split=train
+  # --config.harness.style=shell` (docs/results.md, "Harness styles").
+  for split in ("eval",):
     tasks = tasks_lib.load_split(c.envs, split)
     results = _run(c, task_episodes(tasks, c), oracle_factory([t.to_json() for t in tasks],
                                                                 "shell"))
