@@ -22,6 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from configs import base  # noqa: E402
 from configs import tiny_cpu  # noqa: E402
 from envs import sandbox  # noqa: E402
 from envs import scripted_eval  # noqa: E402
@@ -92,10 +93,10 @@ def main(argv=None) -> None:
   ap.add_argument("--concurrency", type=int, default=4)
   ap.add_argument("--calls", type=int, default=40)
   args = ap.parse_args(argv)
-  config = tiny_cpu.get_config()
   print(f"cpus: {os.cpu_count()}")
-  sandbox_cost(config, args.calls)
-  styles_side_by_side(config, args.tasks, args.concurrency)
+  sandbox_cost(tiny_cpu.get_config(), args.calls)
+  # The base config's splits hold every level (the tiny default's only level 1).
+  styles_side_by_side(base.get_config(), args.tasks, args.concurrency)
 
 
 if __name__ == "__main__":
