@@ -246,13 +246,16 @@ def test_eval_main_prints_json_last_line(envs_cfg, worlds_root, capsys):
 
 
 def test_eval_main_hands_the_model_policy_to_the_harness_eval(monkeypatch):
-  """config.policy=model runs through the agent harness (envs/harness/harness_eval.py)."""
+  """config.policy=model runs through the agent harness (envs/harness/harness_eval.py), with the
+  job's split of the work."""
   calls = []
-  monkeypatch.setattr(harness_eval, "main", lambda config, flags=None: calls.append(config) or {})
+  monkeypatch.setattr(harness_eval, "main",
+                      lambda config, flags=None, split=None: calls.append((config, split)) or {})
   cfg = base.get_config()
   cfg.policy = "model"
-  assert scripted_eval.main(cfg) == {}
-  assert calls == [cfg]
+  split = object()
+  assert scripted_eval.main(cfg, split=split) == {}
+  assert calls == [(cfg, split)]
 
 
 @pytest.mark.slow
