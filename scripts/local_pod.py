@@ -38,8 +38,17 @@ def free_port() -> int:
 
 
 def process_env(index: int, processes: int, devices: int, port: int, base=None) -> dict:
-  """The environment of process `index`: coordinator, process count and id, K CPU devices."""
+  """The environment of process `index`: coordinator, process count and id, K CPU devices, and
+  NPROC, the size of XLA's CPU thread pool.
+
+  Why NPROC: XLA's CPU client sizes its intra-op pool as max(NPROC or the cores, its local
+  devices) and compiles each program for that pool (how a matmul's contraction is blocked, how
+  loops are split), so with more fake devices than cores a 1 x 8 job and a 2 x 4 job would round
+  differently (measured: MoE expert gradients 4e-9 apart, 7e-7 in the weights after one Adam
+  step). The same pool in every process, the job's device count or the cores when more, makes
+  the bits independent of how the devices are split over processes. A NPROC already set wins."""
   env = dict(os.environ if base is None else base)
+  env.setdefault("NPROC", str(max(os.cpu_count() or 1, processes * devices)))
   flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "", env.get("XLA_FLAGS", ""))
   env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes),
              JAX_PROCESS_ID=str(index), JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",

@@ -102,3 +102,5 @@ def test_each_process_gets_the_coordinator_its_id_and_its_own_cpu_devices():
   assert env["JAX_COORDINATOR_ADDRESS"] == "127.0.0.1:1234"
   assert (env["JAX_NUM_PROCESSES"], env["JAX_PROCESS_ID"], env["JAX_PLATFORMS"]) == ("2", "1", "cpu")
   assert env["XLA_FLAGS"] == "--foo --xla_force_host_platform_device_count=4"
+  assert int(env["NPROC"]) == max(os.cpu_count(), 8)   # one pool size whatever the split
+  assert local_pod.process_env(0, 1, 8, 1234, base={})["NPROC"] == env["NPROC"]
