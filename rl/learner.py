@@ -210,12 +210,10 @@ def run_rl(config, flags=None) -> dict:
 
 
 def with_params(step_fn: TrainStep, state: dict, params) -> dict:
-  """A fresh optimizer state around `params` (the SFT moments do not carry over)."""
-
-  def build(p, step, rng):
-    return {"params": p, "opt_state": step_fn.optimizer.init(p), "step": step, "rng": rng}
+  """A fresh optimizer state around `params` (the SFT moments do not carry over); with the KL
+  penalty on, `params` is the reference policy too."""
   with sharding.use_mesh(step_fn.mesh, step_fn.rules):
-    return jax.jit(build, out_shardings=step_fn.state_shardings)(
+    return jax.jit(step_fn.state_around, out_shardings=step_fn.state_shardings)(
         params, jnp.zeros((), jnp.int32), state["rng"])
 
 

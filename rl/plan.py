@@ -93,6 +93,8 @@ def memory_plan(config, num_devices: int, seq_lens=None) -> dict:
   mu_bytes = _per_device_bytes(p_shapes, axes, mesh, rules, config.optim.mu_dtype)
   nu_bytes = _per_device_bytes(p_shapes, axes, mesh, rules)
   opt = mu_bytes + nu_bytes
+  # The KL penalty's frozen reference policy: a second copy of the params, sharded like them.
+  ref = params if config.rl.kl.coef else 0
 
   counts = qwen3_5.count_params(mc)
   batch_ways = math.prod(mesh.shape[a] for a in sharding.rule_axes(rules, "batch"))
@@ -106,7 +108,7 @@ def memory_plan(config, num_devices: int, seq_lens=None) -> dict:
   for t in (seq_lens or [config.train.seq_len]):
     act.append((t, activation_bytes(mc, t, max(rows_dev, 1.0), tensor_ways, length_ways)))
   return {"mesh": dict(mesh.shape), "num_devices": num_devices, "counts": counts,
-          "params": params, "grads": grads, "opt": opt, "activations": act,
+          "params": params, "grads": grads, "opt": opt, "ref_params": ref, "activations": act,
           "rows_per_device": rows_dev, "rows_per_micro_batch": rows_mb,
           "length_ways": length_ways}
 
@@ -179,12 +181,14 @@ def format_plan(config, plan: dict) -> str:
   if plan["rows_per_device"] < 1:
     lines.append("  note: fewer than one row per device per micro-batch; devices along the batch "
                  "axes idle or duplicate work (use fewer micro-batches)")
-  static = plan["params"] + plan["grads"] + plan["opt"]
+  static = plan["params"] + plan["grads"] + plan["opt"] + plan["ref_params"]
   lines.append("")
   lines.append(f"  {'per device':28s}{'bytes':>14s}")
   lines.append(f"  {'params':28s}{_fmt(plan['params'])}")
   lines.append(f"  {'gradients':28s}{_fmt(plan['grads'])}")
   lines.append(f"  {'optimizer (AdamW mu, nu)':28s}{_fmt(plan['opt'])}")
+  if plan["ref_params"]:
+    lines.append(f"  {'reference params (KL)':28s}{_fmt(plan['ref_params'])}")
   lines.append(f"  {'static total':28s}{_fmt(static)}")
   lines.append("")
   lines.append(f"  {'seq len':>9s} {'saved':>14s} {'working':>14s} {'attn scores':>14s} "
@@ -202,7 +206,7 @@ def train_step_bytes_per_device(config, num_devices: int = 0) -> int:
   """What the train step holds on each of its devices at its peak (`memory_plan`, from shapes:
   params, gradients, optimizer state, activations of a train.seq_len micro-batch)."""
   p = memory_plan(config, num_devices or jax.device_count(), [config.train.seq_len])
-  return p["params"] + p["grads"] + p["opt"] + p["activations"][0][1]["total"]
+  return p["params"] + p["grads"] + p["opt"] + p["ref_params"] + p["activations"][0][1]["total"]
 
 
 def sharing_the_trainers_devices(config, num_devices: int = 0):

@@ -5,7 +5,8 @@ config keys -> values, plus an optional `name` appended to the run name. Each jo
 same launch.py command line with `--config.<key>=<value>` added and `--sweep` removed, run
 as its own process (a fresh JAX runtime, its own rollout server port, its own run directory
 runs/<name>-<job>/). Keys are checked against the config before anything runs, so a typo
-fails the whole sweep at once. After the jobs, the summaries (runs/<job>/summary.json) are
+fails the whole sweep at once, and so does a job on a reporting world seed (configs/seeds.py:
+sweeps choose settings, so they run on dev seeds). After the jobs, the summaries (runs/<job>/summary.json) are
 tabulated to runs/sweeps/<sweep>-<config name>.md and printed.
 """
 import importlib.util
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 
+from configs import seeds
 from envs.eval_summary import paired_bootstrap_delta
 
 
@@ -64,6 +66,8 @@ def job_commands(config, jobs: list, argv: list) -> list:
   out = []
   for i, job in enumerate(jobs):
     _check_keys(config, job)
+    # A sweep chooses settings: it runs on dev seeds only (configs/seeds.py).
+    seeds.check_tuning(job.get("envs.seed", config.envs.seed))
     name = f"{config.name}-{job.get('name', f'job{i}')}"
     args = [sys.executable, os.path.abspath(argv[0])] + base + [f"--config.name={name}"]
     args += [f"--config.{k}={_value(v)}" for k, v in job.items() if k != "name"]

@@ -9,6 +9,9 @@ State (a dict pytree):
   opt_state  optax AdamW state (moments sharded like the params)
   step       int32 scalar, optimizer updates done so far
   rng        uint32 [2] key data for the loop's sampling (checkpointed, not used here)
+  ref_params only with rl.kl.coef > 0: the frozen reference policy (the params RL started
+             from), sharded like the params and checkpointed with them, so a resumed run keeps
+             its reference
 
 Batch (a dict of global arrays, rows sharded over the batch mesh axes):
   tokens            [batch, seq] int32   prompt + trajectory tokens, right padded
@@ -17,12 +20,14 @@ Batch (a dict of global arrays, rows sharded over the batch mesh axes):
   rewards           [batch] float32
   group_ids         [batch] int32        equal for the samples of one prompt
   valid             [batch] bool         optional; False excludes a sample (masked group)
-  ref_logprobs      [batch, seq] float32 optional; needed when rl.kl.coef > 0
+  ref_logprobs      [batch, seq] float32 optional; with rl.kl.coef > 0 and none given, the step
+                    computes them from state["ref_params"]
 
 Token t is predicted by the logits at t - 1, so tokens[:, 0] never carries loss.
 
 Inside one call: advantages over the whole batch (groups need all their samples), optional
-recompute of the old logprobs with the incoming params, then `train.mini_batches` optimizer
+recompute of the old logprobs with the incoming params, the reference policy's logprobs when
+the KL penalty is on (a forward pass of the reference per micro-batch), then `train.mini_batches` optimizer
 updates, each over a strided slice of the batch, each accumulating gradients over
 `train.micro_batches` micro-batches in a lax.scan. Loss reduction weights are computed per
 mini-batch from the whole mini-batch (rl/grpo.py), so micro-batching and data parallelism
@@ -203,6 +208,8 @@ class TrainStep:
     self.rules = sharding.rules_from_config(config.mesh.rules)
     self.model_cfg = model_cfg or qwen3_5.config_from_dict(config.model)
     self.optimizer = make_optimizer(config.optim, config.train.steps)
+    # The KL penalty's reference policy lives in the state (state["ref_params"]).
+    self.uses_ref = bool(config.rl.kl.coef)
     self.state_shardings = self._state_shardings()
     self._jitted = None
     self._batch_signature = None
@@ -212,8 +219,16 @@ class TrainStep:
   def _init_state(self, key):
     k_params, k_rng = jax.random.split(key)
     params = qwen3_5.init_params(self.model_cfg, k_params)
-    return {"params": params, "opt_state": self.optimizer.init(params),
-            "step": jnp.zeros((), jnp.int32), "rng": jax.random.key_data(k_rng)}
+    return self.state_around(params, jnp.zeros((), jnp.int32), jax.random.key_data(k_rng))
+
+  def state_around(self, params, step, rng) -> dict:
+    """A train state starting from `params`: a fresh optimizer state and, with the KL penalty
+    on, `params` as the reference policy too."""
+    state = {"params": params, "opt_state": self.optimizer.init(params), "step": step,
+             "rng": rng}
+    if self.uses_ref:
+      state["ref_params"] = jax.tree.map(jnp.copy, params)
+    return state
 
   def abstract_state(self):
     """ShapeDtypeStructs of the state (with shardings); allocates nothing."""
@@ -227,7 +242,10 @@ class TrainStep:
     rep = sharding.replicated(self.mesh)
     opt_sh = optax.tree_map_params(self.optimizer, lambda _, sh: sh, shapes["opt_state"],
                                    param_sh, transform_non_params=lambda _: rep)
-    return {"params": param_sh, "opt_state": opt_sh, "step": rep, "rng": rep}
+    out = {"params": param_sh, "opt_state": opt_sh, "step": rep, "rng": rep}
+    if self.uses_ref:
+      out["ref_params"] = param_sh
+    return out
 
   def init_state(self, key):
     """Sharded initial state: every device materialises only its own shards."""
@@ -296,8 +314,29 @@ class TrainStep:
     return grpo.microbatched_value_and_grad(self._micro_loss, params, mini,
                                             self.config.train.micro_batches, is_live)
 
-  def prepare(self, params, batch):
-    """Advantages, validity, old logprobs: everything computed once over the whole batch."""
+  def batch_logprobs(self, params, tokens, mask=None):
+    """Token logprobs [batch, seq] of `tokens` under `params`, one micro-batch at a time (the
+    memory of one micro-batch's forward pass), without gradient. With `mask` [batch, seq], a
+    micro-batch without a loss token is not computed (zeros: no loss term reads them)."""
+    n = self.config.train.micro_batches
+    temperature = self.config.rl.temperature
+
+    def forward(t):
+      return token_logprobs(self.model_cfg, params, t, temperature)[0]
+
+    if mask is None:
+      lp = jax.lax.map(forward, grpo.split_micro_batches(tokens, n))
+    else:
+      def one(args):
+        t, m = args
+        return jax.lax.cond(m.sum() > 0, forward,
+                            lambda t: jnp.zeros(t.shape, jnp.float32), t)
+      lp = jax.lax.map(one, grpo.split_micro_batches((tokens, mask), n))
+    return jax.lax.stop_gradient(jnp.swapaxes(lp, 0, 1).reshape(tokens.shape))
+
+  def prepare(self, params, batch, ref_params=None):
+    """Advantages, validity, old and reference logprobs: everything computed once over the
+    whole batch."""
     rl = self.config.rl
     b = batch["tokens"].shape[0]
     valid = batch.get("valid", jnp.ones((b,), bool))
@@ -305,12 +344,7 @@ class TrainStep:
         batch["rewards"], batch["group_ids"], valid, rl)
     mask = batch["loss_mask"].astype(jnp.float32) * valid[:, None]
     if rl.recompute_old_logprobs:
-      n = self.config.train.micro_batches
-      micro = grpo.split_micro_batches(batch["tokens"], n)
-      old = jax.lax.map(lambda t: token_logprobs(self.model_cfg, params, t, rl.temperature)[0],
-                        micro)
-      old = jnp.swapaxes(old, 0, 1).reshape(batch["tokens"].shape)
-      old = jax.lax.stop_gradient(old)
+      old = self.batch_logprobs(params, batch["tokens"])
     else:
       old = batch["rollout_logprobs"]
     prepared = {"tokens": batch["tokens"], "loss_mask": mask, "advantages": adv,
@@ -319,6 +353,8 @@ class TrainStep:
                 "group_ids": batch["group_ids"]}
     if "ref_logprobs" in batch:
       prepared["ref_logprobs"] = batch["ref_logprobs"].astype(jnp.float32)
+    elif ref_params is not None:
+      prepared["ref_logprobs"] = self.batch_logprobs(ref_params, batch["tokens"], mask)
     return prepared, adv_metrics
 
   def add_weights(self, mini):
@@ -361,7 +397,7 @@ class TrainStep:
       if k not in batch:
         raise KeyError(f"train batch lacks {k!r}; needs {REQUIRED_BATCH_KEYS}")
     params, opt_state = state["params"], state["opt_state"]
-    prepared, adv_metrics = self.prepare(params, batch)
+    prepared, adv_metrics = self.prepare(params, batch, state.get("ref_params"))
     n_mini = self.config.train.mini_batches
     minis = grpo.split_micro_batches(prepared, n_mini) if n_mini > 1 else None
     sums = []
@@ -384,6 +420,8 @@ class TrainStep:
     metrics["optim/lr"] = make_schedule(self.config.optim, self.config.train.steps)(step - 1)
     metrics["tokens/live_sequences"] = (prepared["loss_mask"].sum(1) > 0).sum()
     new_state = {"params": params, "opt_state": opt_state, "step": step, "rng": state["rng"]}
+    if self.uses_ref:
+      new_state["ref_params"] = state["ref_params"]
     return new_state, metrics
 
   def row_lengths(self) -> tuple:

@@ -359,3 +359,46 @@ def test_a_batch_padded_to_a_shorter_bucket_trains_as_at_the_full_row_length(bas
   odd = {k: v[:, :12] if v.ndim == 2 else v for k, v in short.items()}
   with pytest.raises(ValueError, match="row lengths \\(16, 24\\)"):
     step(_put_state(step, host_state), step.shard_batch(odd))
+
+
+def test_kl_penalty_keeps_the_start_as_reference_and_adds_its_term_to_the_loss(
+    base_state_and_batch):
+  """(k1 runs end to end in tests/test_e2e_rl_options.py; both estimators' maths in
+  tests/rl/test_policy_losses.py.)"""
+  host_state, batch = base_state_and_batch
+  coef, estimator = 0.5, "k3"
+  # token_mean: the loss and the metrics weigh tokens alike, so loss = pg + coef * kl exactly.
+  step = _step("kl", **{"rl.kl.coef": coef, "rl.kl.estimator": estimator,
+                        "rl.loss_reduction": "token_mean", "train.micro_batches": 2})
+  state = jax.device_put(dict(host_state, ref_params=host_state["params"]), step.state_shardings)
+  start = host_state["params"]
+  state, m1 = step(state, step.shard_batch(batch))
+  state, m2 = step(state, step.shard_batch(batch))
+  m1, m2 = jax.device_get(m1), jax.device_get(m2)
+  # The first step's policy is the reference: its KL is zero; the second's moved away from it.
+  assert abs(float(m1["policy/kl_ref"])) < 1e-7
+  assert abs(float(m2["policy/kl_ref"])) > 1e-6
+  assert float(m2["policy/kl_ref"]) > 0   # k3 is non-negative
+  for m in (m1, m2):
+    np.testing.assert_allclose(float(m["loss/total"]),
+                               float(m["policy/pg_loss"]) + coef * float(m["policy/kl_ref"]),
+                               rtol=1e-5, atol=1e-7)
+  # The reference stays where RL started while the params move.
+  ref, now = jax.device_get(state["ref_params"]), jax.device_get(state["params"])
+  for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(start)):
+    np.testing.assert_array_equal(a, b)
+  assert any(np.abs(a - b).max() > 0 for a, b in zip(jax.tree.leaves(now), jax.tree.leaves(start)))
+
+
+def test_kl_reference_logprobs_are_the_start_params_logprobs(base_state_and_batch):
+  host_state, batch = base_state_and_batch
+  step = _step("kl", **{"rl.kl.coef": 0.5, "rl.kl.estimator": "k3",
+                        "rl.loss_reduction": "token_mean", "train.micro_batches": 2})
+  params = jax.device_put(host_state["params"], step.state_shardings["params"])
+  b = step.shard_batch(batch)
+  with sharding.use_mesh(step.mesh, step.rules):
+    got = jax.jit(lambda p, t, m: step.batch_logprobs(p, t, m))(
+        params, b["tokens"], b["loss_mask"])
+    want = jax.jit(lambda p, t: train_step.token_logprobs(step.model_cfg, p, t, 1.0)[0])(
+        params, b["tokens"])
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
