@@ -47,3 +47,14 @@ def test_full_size_configs_fit_a_row_of_the_whole_context(name):
   per_device = p["params"] + p["grads"] + p["opt"] + p["activations"][0][1]["total"]
   assert p["length_ways"] > 1
   assert per_device <= 0.95 * c.plan.device_memory_gib * plan.GiB
+
+
+def test_the_kl_reference_costs_one_more_copy_of_the_params_per_device():
+  c = importlib.import_module("configs.qwen3_5_35b_a3b").get_config()
+  off = plan.memory_plan(c, c.plan.num_devices, [c.train.seq_len])
+  with c.unlocked():
+    c.rl.kl.coef = 0.01
+  on = plan.memory_plan(c, c.plan.num_devices, [c.train.seq_len])
+  assert off["ref_params"] == 0 and on["ref_params"] == on["params"] > 0
+  assert "reference params (KL)" in plan.format_plan(c, on)
+  assert "reference params (KL)" not in plan.format_plan(c, off)

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from configs import seeds
 from configs import tiny_cpu
 from rl import sweep
 
@@ -117,3 +118,18 @@ def test_style_table_shows_each_arm_under_each_style(tmp_path):
   assert "| tiny_cpu-m | mcp | mcp | 0.100 | 0.300 | +0.200 |" in t
   assert "| tiny_cpu-m | mcp | shell | 0.000 | 0.050 | +0.050 |" in t
   assert "| tiny_cpu-s | shell | mcp | 0.000 | 0.050 | +0.050 |" in t
+
+
+def test_a_sweep_on_a_reporting_world_seed_stops_before_any_job_runs():
+  c = tiny_cpu.get_config()
+  with pytest.raises(SystemExit, match="reporting seed"):
+    sweep.job_commands(c, [{"optim.lr": 0.1}, {"envs.seed": seeds.REPORTING_SEEDS[0]}],
+                       ["launch.py"])
+  with c.unlocked():
+    c.envs.seed = seeds.REPORTING_SEEDS[-1]
+  with pytest.raises(SystemExit, match="benchmarks/rl_replication.py"):
+    sweep.job_commands(c, [{"optim.lr": 0.1}], ["launch.py"])
+  with c.unlocked():
+    c.envs.seed = seeds.DEV_SEEDS[-1]
+  assert len(sweep.job_commands(c, [{"optim.lr": 0.1}], ["launch.py"])) == 1
+  assert not set(seeds.DEV_SEEDS) & set(seeds.REPORTING_SEEDS)

@@ -1,0 +1,62 @@
+"""benchmarks/rl_replication.py: per-seed and pooled rows from the runs' per-task outcomes, a
+finished run read instead of rerun, and the protocol's seeds."""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import rl_replication  # noqa: E402  (benchmarks/ is not a package)
+from configs import seeds  # noqa: E402
+
+
+def _summary(before, after):
+  return {"before_rl": {"per_task_pass": before}, "after_rl": {"per_task_pass": after}}
+
+
+def test_a_row_holds_the_means_and_the_paired_change_of_the_tasks_both_evals_saw():
+  before = {f"t{i}": float(i % 4 == 0) for i in range(40)}
+  after = dict(before, t1=1.0, t2=1.0, t3=1.0)
+  r = rl_replication.row("s", before, after)
+  assert r["tasks"] == 40
+  assert r["before"] == pytest.approx(0.25) and r["after"] == pytest.approx(0.325)
+  assert r["delta"] == pytest.approx(0.075)
+  lo, hi = r["delta_ci95"]
+  assert 0 <= lo < 0.075 < hi   # three tasks gained, none lost: the change is never negative
+
+
+def test_the_seeds_finished_runs_are_read_and_pooled_over_distinct_tasks(tmp_path, capsys,
+                                                                          monkeypatch):
+  outcomes = {101: ({"a": 0.0, "b": 1.0}, {"a": 1.0, "b": 1.0}),
+              102: ({"a": 0.0, "b": 0.0}, {"a": 0.0, "b": 0.0})}
+  for seed, (before, after) in outcomes.items():
+    cmd = rl_replication.seed_command(seed, "arm", ["--config.optim.lr=0.1"], str(tmp_path))
+    rdir = tmp_path / f"replication-arm-s{seed}"
+    rdir.mkdir()
+    (rdir / "command.json").write_text(json.dumps(cmd[1:]))
+    (rdir / "summary.json").write_text(json.dumps(_summary(before, after)))
+  monkeypatch.setattr(sys, "argv", ["rl_replication.py", "--seeds=101,102", "--name=arm",
+                                    f"--workdir={tmp_path}", "--config.optim.lr=0.1"])
+  rl_replication.main()   # runs nothing: both seeds' runs of this command are finished
+  rows = json.loads((tmp_path / "replication" / "arm.json").read_text())["rows"]
+  assert [r["seed"] for r in rows] == ["101", "102", "pooled"]
+  assert rows[-1]["tasks"] == 4                     # "101/a" and "102/a" are different tasks
+  assert rows[-1]["delta"] == pytest.approx(0.25)
+  assert "every seed's change positive: False" in capsys.readouterr().out
+
+
+def test_overrides_that_the_script_sets_per_seed_are_refused(monkeypatch):
+  monkeypatch.setattr(sys, "argv", ["rl_replication.py", "--config.envs.seed=3"])
+  with pytest.raises(SystemExit, match="set per seed"):
+    rl_replication.main()
+
+
+def test_dev_and_reporting_seeds_are_disjoint_and_the_default_worlds_are_dev():
+  assert not set(seeds.DEV_SEEDS) & set(seeds.REPORTING_SEEDS)
+  assert 0 in seeds.DEV_SEEDS and len(seeds.REPORTING_SEEDS) >= 3
+  assert rl_replication.parse_seeds("reporting") == seeds.REPORTING_SEEDS
+  assert np.all(np.array(rl_replication.parse_seeds("5,6")) == [5, 6])
