@@ -14,8 +14,9 @@ Each takes a `style`: "mcp" (the app tools, the default) or "shell" (bash, read,
 glob, grep over the world's folder; envs.apps.shell_tools).
 
 Error kinds in ToolResult.error_kind: the tool's own ("path_outside_world", "not_found",
-"bad_argument", "unsupported", "timeout", "internal", "unknown_tool", "validation") or the
-transport's ("client_timeout", "gateway_crash").
+"bad_argument", "unsupported", "timeout", "internal", "unknown_tool"; arguments the input schema
+refuses are "bad_argument") or the transport's ("client_timeout", "gateway_crash"). The server
+puts the kind first in every error text ("[kind] message"; envs.apps.server.WorldServer).
 """
 import asyncio
 import dataclasses
@@ -32,7 +33,7 @@ from envs.apps import shell_tools
 from envs.apps import tools as tools_lib
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_KIND_RE = re.compile(r"\[([a-z_]+)\]")
+_KIND_RE = re.compile(r"^\[([a-z_]+)\]")
 
 
 @dataclasses.dataclass
@@ -43,12 +44,13 @@ class ToolResult:
 
 
 def _kind_of(text: str) -> str:
-  m = _KIND_RE.search(text[:200])
+  m = _KIND_RE.match(text)
   if m:
     return m.group(1)
+  # A text without a kind comes from the MCP layer itself (the server words all of its own).
   if "Unknown tool" in text or "not found" in text.lower():
     return "unknown_tool"
-  return "validation"  # argument validation by the MCP layer
+  return "bad_argument"
 
 
 def tool_specs(list_tools_result) -> list:
@@ -92,7 +94,7 @@ class AsyncGateway:
     except mcp.MCPError as e:
       msg = str(e)
       kind = "client_timeout" if "timed out" in msg.lower() else _kind_of(msg)
-      return ToolResult(f"[{kind}] {msg}", True, kind)
+      return ToolResult(msg if _KIND_RE.match(msg) else f"[{kind}] {msg}", True, kind)
     except (OSError, EOFError, RuntimeError, BaseExceptionGroup) as e:  # noqa: F821 (3.11 builtin)
       return ToolResult(f"[gateway_crash] {type(e).__name__}: {e}", True, "gateway_crash")
     text = "\n".join(c.text for c in r.content if getattr(c, "type", "") == "text")

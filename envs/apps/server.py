@@ -8,7 +8,10 @@ with --style shell the server serves the shell tools over the world's folder ins
 read, write, edit, glob, grep; envs.apps.shell_tools), the same way.
 Each call runs in a worker thread under a server-side time limit (mcp has none of its own),
 and its text is cut to `tool_output_chars`. Failures come back as is_error results whose text
-starts with "[kind]" (see envs.apps.tools.ToolFailure). The server's `instructions` carry the
+starts with "[kind]" (see envs.apps.tools.ToolFailure): the tools' own kinds, `bad_argument` for
+arguments the input schema refuses (missing, mistyped) and `unknown_tool`. The server reports
+the project's version (pyproject.toml) and advertises only what it serves: tools, a fixed list
+(no prompts, resources or subscriptions). The server's `instructions` carry the
 world id and the sandbox isolation level, which the server also logs to stderr at start (unless
 --quiet: the harness starts one gateway per world and reports the level once itself).
 """
@@ -23,14 +26,53 @@ import sys
 import ml_collections
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import UnexpectedToolError
+import pydantic
 
 from envs import sandbox
+from envs import version
 from envs.apps import shell_tools
 from envs.apps import tools as tools_lib
 
+# What MCPServer registers besides tools; a world serves none of it, so none is advertised.
+_UNSERVED = ("prompts/list", "prompts/get", "resources/list", "resources/read",
+             "resources/templates/list", "resources/subscribe", "resources/unsubscribe")
 
-def build_server(world_dir: str, envs_cfg, style: str = "mcp") -> MCPServer:
-  """An MCPServer exposing the tools of the world at world_dir (a working copy): the app tools
+
+class WorldServer(MCPServer):
+  """MCPServer whose failed tool calls read "[kind] message", as the tools' own failures do.
+
+  MCPServer words every failure "Error executing tool NAME: ..." and refuses arguments against
+  the input schema (a missing or mistyped one) with pydantic's report; this puts the kind first
+  (`bad_argument` for the schema's refusals, `unknown_tool` for a name it does not serve,
+  `internal` for a crash) so that a client reads the kind from the start of the text.
+  """
+
+  tool_names: frozenset = frozenset()  # the tools it serves (build_server sets them)
+
+  async def call_tool(self, name, arguments, context=None):
+    try:
+      return await super().call_tool(name, arguments, context)
+    except UnexpectedToolError as e:
+      raise UnexpectedToolError(f"[internal] {name} failed") from e.__cause__
+    except ToolError as e:
+      raise ToolError(self._kind_first(name, e)) from e.__cause__
+
+  def _kind_first(self, name: str, e: ToolError) -> str:
+    cause = e.__cause__
+    if isinstance(cause, pydantic.ValidationError):
+      what = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}"
+                       for err in cause.errors())
+      return f"[bad_argument] {name}: {what}"
+    if isinstance(cause, ToolError):  # raised by the tool wrapper: already "[kind] ..."
+      return str(cause)
+    if name not in self.tool_names:
+      return f"[unknown_tool] no tool {name!r}"
+    return f"[internal] {e}"
+
+
+def build_server(world_dir: str, envs_cfg, style: str = "mcp") -> WorldServer:
+  """A WorldServer (MCPServer) exposing the tools of the world at world_dir (a working copy): the app tools
   (style "mcp") or the shell tools over the world's folder (style "shell")."""
   wt = shell_tools.toolset(style)(world_dir, envs_cfg)
   iso = sandbox.isolation(envs_cfg.sandbox)
@@ -41,8 +83,13 @@ def build_server(world_dir: str, envs_cfg, style: str = "mcp") -> MCPServer:
   else:
     instructions = (f"Apps of one knowledge-work world: {', '.join(tools_lib.APPS)}. Paths are "
                     f"relative to the world's root '/'. code_execution isolation: {iso}")
-  server = MCPServer(name=f"world-{os.path.basename(os.path.normpath(world_dir))}",
-                     instructions=instructions, log_level="WARNING")
+  server = WorldServer(name=f"world-{os.path.basename(os.path.normpath(world_dir))}",
+                       instructions=instructions, log_level="WARNING",
+                       version=version.__version__, subscriptions=False)
+  handlers = server._lowlevel_server._request_handlers  # pylint: disable=protected-access
+  for method in _UNSERVED:
+    handlers.pop(method, None)
+  server.tool_names = frozenset(wt.TOOL_NAMES)
   limit = float(envs_cfg.tool_time_limit_s)
   cap = int(envs_cfg.tool_output_chars)
   # One call at a time per world: app state is read-modify-written on disk.

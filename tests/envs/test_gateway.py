@@ -1,15 +1,19 @@
 """The MCP gateway of a world: tool schemas, path confinement, limits, error kinds, reset."""
+import asyncio
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import tomllib
 
+import mcp
 import pytest
 
 from configs import base
 from envs import worlds
 from envs.apps import gateway as gateway_lib
+from envs.apps import server as server_lib
 from envs.apps import tools as tools_lib
 from envs.apps import worldstate
 from envs.worlds import render
@@ -74,7 +78,7 @@ def test_errors_are_classified_and_the_gateway_keeps_serving(world, envs_cfg):
   _, _, gw = world
   assert gw.call_tool("no_such_tool", {}).error_kind == "unknown_tool"
   assert gw.call_tool("pdfs_read_pdf", {"path": "/nope.pdf"}).error_kind == "not_found"
-  assert gw.call_tool("mail_send_message", {"to": "x", "subject": "s", "body": "b"}).error_kind == "validation"
+  assert gw.call_tool("mail_send_message", {"to": "x", "subject": "s", "body": "b"}).error_kind == "bad_argument"
   assert gw.call_tool("calendar_create_event", {"title": "t", "date": "2025-13-01", "start": "10:00",
                                                 "duration_min": 30, "attendees": []}).error_kind == "bad_argument"
   assert gw.call_tool("pdfs_read_pdf", {"path": "/" + render.SUMMARY_PATH}).error_kind == "unsupported"
@@ -83,6 +87,44 @@ def test_errors_are_classified_and_the_gateway_keeps_serving(world, envs_cfg):
   assert r.is_error and r.error_kind == "timeout", r.text
   ok = gw.call_tool("filesystem_list_directory", {"path": "/"})
   assert not ok.is_error and "models/" in ok.text
+
+
+@pytest.mark.parametrize("name,args,kind,needle", [
+    ("pdfs_read_pdf", {"path": "/nope.pdf"}, "not_found", "/nope.pdf"),
+    ("pdfs_read_pdf", {}, "bad_argument", "path: Field required"),  # a missing argument
+    ("calendar_create_event", {"title": "t", "date": "2025-01-02", "start": "10:00",
+                               "duration_min": "half an hour", "attendees": []},
+     "bad_argument", "duration_min: Input should be a valid integer"),  # a mistyped one
+    ("mail_send_message", {"to": "x", "subject": "s", "body": "b"}, "bad_argument",
+     "to: Input should be a valid list"),
+    ("no_such_tool", {}, "unknown_tool", "no_such_tool"),
+])
+def test_every_error_text_starts_with_its_kind(world, name, args, kind, needle):
+  _, _, gw = world
+  r = gw.call_tool(name, args)
+  assert r.is_error and r.error_kind == kind, r.text
+  assert r.text.startswith(f"[{kind}] ") and needle in r.text, r.text
+  assert "Error executing tool" not in r.text
+
+
+def test_server_reports_the_project_version_and_only_the_tools_capability(world, envs_cfg):
+  _, inst, _ = world
+  with open(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__)))), "pyproject.toml"), "rb") as f:
+    want = tomllib.load(f)["project"]["version"]
+  srv = server_lib.build_server(inst.path, envs_cfg)
+
+  async def go(mode):
+    async with mcp.Client(srv, mode=mode) as c:
+      info, caps = c.server_info, c.server_capabilities
+      with pytest.raises(mcp.MCPError):
+        await c.list_prompts()
+      return info, caps
+  for mode in ("legacy", "auto"):
+    info, caps = asyncio.run(go(mode))
+    assert info.version == want and want
+    assert caps.tools is not None and not caps.tools.list_changed
+    assert (caps.prompts, caps.resources, caps.logging, caps.completions) == (None,) * 4
 
 
 def test_output_is_capped(world, envs_cfg):
