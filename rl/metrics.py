@@ -46,7 +46,7 @@ class Metrics:
     self._f.flush()
     if self._tb is not None:
       for k, v in flat.items():
-        self._tb.add_scalar(f"{phase}/{k}", v, step)
+        self._tb.add_scalar(tensorboard_tag(phase, k), v, step)
       self._tb.flush()
 
   def close(self):
@@ -54,6 +54,12 @@ class Metrics:
       self._f.close()
     if self._tb is not None:
       self._tb.close()
+
+
+def tensorboard_tag(phase: str, key: str) -> str:
+  """`phase/key`, once: a key that already opens with its phase ("train/draws" from the
+  step's metrics) keeps it as is, so no tag reads "train/train/draws"."""
+  return key if key.startswith(phase + "/") else f"{phase}/{key}"
 
 
 def _is_num(v) -> bool:
