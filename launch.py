@@ -25,6 +25,10 @@ _CONFIG = config_flags.DEFINE_config_file(
 _MODE = flags.DEFINE_enum(
     "mode", "model", ["model", "sft", "rl", "eval", "serve", "plan", "pass_rates"], "What to run.")
 _PORT = flags.DEFINE_integer("port", 9000, "gRPC port for --mode=serve.")
+_HTTP_PORT = flags.DEFINE_integer(
+    "http_port", None, "With --mode=serve: also serve the OpenAI-compatible HTTP API "
+    "(/v1/completions, /v1/chat/completions, /v1/models) on this port, beside gRPC "
+    "(docs/openai_endpoint.md).")
 _SWEEP = flags.DEFINE_string(
     "sweep", None, "Sweep file (configs/sweeps/X.py[:arg]) whose get_sweep() lists override "
     "dicts: runs --mode once per dict, then writes a comparison table.")

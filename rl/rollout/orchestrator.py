@@ -170,6 +170,36 @@ class RequestError(ValueError):
   """A request the server refuses (answered with INVALID_ARGUMENT)."""
 
 
+def build_request(engine: QwenEngine, ids: Sequence[int], max_tokens: int,
+                  sampling: SamplingSettings, stop_ids: Sequence[int],
+                  client_side: bool = True) -> TitoRequest:
+  """A validated request (no return channel yet) for the driver's prefill queue: the checks
+  every front end shares (gRPC Decode, the OpenAI-compatible HTTP front). Raises RequestError."""
+  ids = [int(i) for i in ids]
+  if not ids:
+    raise RequestError("empty prompt: at least one token id is required")
+  vocab = engine.cfg.vocab_size
+  bad = [(i, t) for i, t in enumerate(ids) if not 0 <= t < vocab]
+  if bad:
+    raise RequestError(f"token id {bad[0][1]} at position {bad[0][0]} is outside the vocabulary "
+                       f"[0, {vocab}) ({len(bad)} such ids)")
+  longest = min(engine.max_prefill_length, engine.max_len - 1)
+  if len(ids) > longest:
+    raise RequestError(f"prompt of {len(ids)} tokens is longer than the context allows: at most "
+                       f"{longest} prompt tokens (max_len {engine.max_len})")
+  if max_tokens < 1:
+    raise RequestError(f"max_tokens must be >= 1, got {max_tokens}")
+  s = sampling
+  if s.temperature < 0 or not 0 < s.top_p <= 1 or s.top_k < 0:
+    raise RequestError(f"bad sampling settings: temperature {s.temperature} (>= 0), top_p "
+                       f"{s.top_p} (in (0, 1]), top_k {s.top_k} (>= 0)")
+  return TitoRequest(
+      # The cache holds max_len tokens: a request that would overrun it ends with "length".
+      max_tokens=min(int(max_tokens), engine.max_len - len(ids)),
+      return_channel=None, prefill_content=ids, is_client_side_tokenization=client_side,
+      sampling=s, stop_ids=frozenset(int(i) for i in stop_ids), prompt_len=len(ids))
+
+
 class TitoOrchestrator(orchestrator.LLMOrchestrator):
   """JetStream's gRPC servicer, reading and writing the extended messages."""
 
@@ -196,33 +226,13 @@ class TitoOrchestrator(orchestrator.LLMOrchestrator):
       ids = [int(i) for i in self._text_tokenizer().encode(request.text_content.text)[0]]
     else:
       raise RequestError("request has no content (token_content or text_content)")
-    if not ids:
-      raise RequestError("empty prompt: at least one token id is required")
-    vocab = engine.cfg.vocab_size
-    bad = [(i, t) for i, t in enumerate(ids) if not 0 <= t < vocab]
-    if bad:
-      raise RequestError(f"token id {bad[0][1]} at position {bad[0][0]} is outside the vocabulary "
-                         f"[0, {vocab}) ({len(bad)} such ids)")
-    longest = min(engine.max_prefill_length, engine.max_len - 1)
-    if len(ids) > longest:
-      raise RequestError(f"prompt of {len(ids)} tokens is longer than the context allows: at most "
-                         f"{longest} prompt tokens (max_len {engine.max_len})")
-    if request.max_tokens < 1:
-      raise RequestError(f"max_tokens must be >= 1, got {request.max_tokens}")
     s = engine.default_sampling
     if ext.HasField("sampling"):
       sp = ext.sampling
       s = SamplingSettings(sp.temperature, sp.top_p, sp.top_k, sp.seed if sp.has_seed else None)
-    if s.temperature < 0 or not 0 < s.top_p <= 1 or s.top_k < 0:
-      raise RequestError(f"bad sampling settings: temperature {s.temperature} (>= 0), top_p "
-                         f"{s.top_p} (in (0, 1]), top_k {s.top_k} (>= 0)")
     stop_ids = ext.stop_ids if ext.has_stop_ids else engine.stop_ids
-    return TitoRequest(
-        # The cache holds max_len tokens: a request that would overrun it ends with "length".
-        max_tokens=min(int(request.max_tokens), engine.max_len - len(ids)),
-        return_channel=None, prefill_content=ids,
-        is_client_side_tokenization=(which == "token_content"),
-        sampling=s, stop_ids=frozenset(int(i) for i in stop_ids), prompt_len=len(ids))
+    return build_request(engine, ids, int(request.max_tokens), s, stop_ids,
+                         client_side=(which == "token_content"))
 
   def _response(self, chunks: Sequence[Chunk], text: bool):
     resp = jetstream_protocol.DecodeResponse()

@@ -5,6 +5,8 @@ Builds the Qwen3.5 engine from the config (random init; params come later by wei
 Orchestrator gRPC service (token and text requests) until interrupted. With
 `rollout.weights_dir` set, it serves the versions a trainer in another job publishes there
 (rl/rollout/published_weights.py), version -1 (the random init) until the first arrives.
+With `--http_port=P` it also serves an OpenAI-compatible HTTP API on P (rl/rollout/openai_http.py,
+docs/openai_endpoint.md), on the same engine slots.
 """
 from typing import Optional
 
@@ -29,8 +31,15 @@ def build_server(config, params=None, port: Optional[int] = None, warmup: Option
   return RolloutServer(engine, port=port, threads=config.rollout.rpc_threads or None).start()
 
 
+def start_http(server, config, port: int):
+  """The OpenAI-compatible HTTP front of `server` on `port` (0 = any free port), started."""
+  from rl.rollout import openai_http  # lazy: JetStream and uvicorn, only when a server is built
+  return openai_http.OpenAIFront(server, config, port=port).start()
+
+
 def main(config, flags=None):
   port = getattr(flags, "port", None) if flags is not None else None
+  http_port = getattr(flags, "http_port", None) if flags is not None else None
   capacity.check_context(config)
   p = capacity.plan_from_config(config)
   print(f"capacity: {p.bytes_per_seq / 2**20:.2f} MiB decode state per sequence at "
@@ -39,13 +48,16 @@ def main(config, flags=None):
   weights_dir = config.rollout.weights_dir
   server = build_server(config, port=port,
                         initial_version=published_weights.UNLOADED if weights_dir else 0)
+  front = start_http(server, config, http_port) if http_port is not None else None
   watcher = None
   if weights_dir:
     watcher = published_weights.WeightWatcher(weights_dir, server.engine,
                                               config.rollout.weights_poll_s).start()
   print(f"serving on {server.address} (slots {server.engine.slots}, max_len "
         f"{server.engine.max_len}, buckets {server.engine.buckets})"
-        + (f"; weights from {watcher.weights_dir}" if watcher else ""), flush=True)
+        + (f"; weights from {watcher.weights_dir}" if watcher else "")
+        + (f"; OpenAI-compatible HTTP on port {front.port} ({front.url}, model "
+           f"{front.model_name!r})" if front else ""), flush=True)
   try:
     server.wait_for_termination()
   except KeyboardInterrupt:
@@ -53,4 +65,6 @@ def main(config, flags=None):
   finally:
     if watcher is not None:
       watcher.stop()
+    if front is not None:
+      front.stop()
     server.stop()
