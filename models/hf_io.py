@@ -5,9 +5,15 @@ Two layouts are read:
   * text-only, as `save_pretrained` of a `*ForCausalLM` writes: flat config; weights under `model.`.
 Routed experts may be stored per expert (`mlp.experts.{e}.gate_proj.weight`, the hub's form)
 or fused (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, I]).
-`mtp.*` and `visual.*` tensors are ignored. `save` writes the hub layout with per-expert keys.
-`load_sharded` builds each parameter on its devices from the blocks they hold (for meshes
-whose model no single host could hold).
+`mtp.*` and `visual.*` tensors are ignored. `load_sharded` builds each parameter on its devices
+from the blocks they hold (for meshes whose model no single host could hold).
+
+`save` writes a directory the Hugging Face stack loads without help (docs/hf_export.md): the
+tensors under `model.language_model.` with per-expert keys (what `save_pretrained` of a
+transformers `Qwen3_5MoeForCausalLM` writes too), a text-only config.json
+(`Qwen3_5MoeForCausalLM` / `Qwen3_5ForCausalLM`), and the tokenizer: tokenizer.json,
+tokenizer_config.json (control tokens, eos `<|im_end|>`, chat template) and
+generation_config.json (envs.chat.hf_export).
 
 Every tensor is checked: a missing, unexpected or misshapen one raises `CheckpointError`
 naming the key.
@@ -382,21 +388,70 @@ def to_hf_tensors(cfg: ModelConfig, params, prefix="model.language_model.") -> d
   return out
 
 
-def save(cfg: ModelConfig, params, path: str, max_shard_bytes: int = 4 << 30):
-  """Writes config.json + safetensors (sharded with an index past `max_shard_bytes`)."""
-  os.makedirs(path, exist_ok=True)
-  params = jax.device_get(params)
-  tensors = {k: jnp.asarray(np.ascontiguousarray(v)) for k, v in to_hf_tensors(cfg, params).items()}
-  text = config_lib.to_hf_text_dict(cfg)
-  model_type = "qwen3_5_moe" if cfg.use_moe else "qwen3_5"
-  hf_config = {
+def text_config_dict(cfg: ModelConfig) -> dict:
+  """config.json as `save` writes it: the text model's config, flat, naming the transformers
+  class that builds exactly that model (no vision tower)."""
+  return {
+      "architectures": ["Qwen3_5MoeForCausalLM" if cfg.use_moe else "Qwen3_5ForCausalLM"],
+      **config_lib.to_hf_text_dict(cfg),
+      "dtype": jnp.dtype(cfg.param_dtype).name,
+  }
+
+
+def hub_config_dict(cfg: ModelConfig) -> dict:
+  """config.json in the multimodal hub layout (the text config under `text_config`), as `save`
+  wrote it before it wrote text-only configs; `load` reads both."""
+  return {
       "architectures": ["Qwen3_5MoeForConditionalGeneration" if cfg.use_moe
                         else "Qwen3_5ForConditionalGeneration"],
-      "model_type": model_type,
-      "text_config": text,
+      "model_type": "qwen3_5_moe" if cfg.use_moe else "qwen3_5",
+      "text_config": config_lib.to_hf_text_dict(cfg),
       "tie_word_embeddings": cfg.tie_word_embeddings,
       "torch_dtype": jnp.dtype(cfg.param_dtype).name,
   }
+
+
+def canonical_config_bytes(path: str) -> bytes | None:
+  """The model config of the checkpoint at `path` in one fixed form (hub_config_dict, as JSON
+  with indent 1), whichever layout its config.json has; None when it holds no Qwen3.5 config.
+  Two directories with the same model config give the same bytes."""
+  try:
+    cfg = read_config(path)
+  except (CheckpointError, KeyError, TypeError, ValueError):
+    return None
+  return json.dumps(hub_config_dict(cfg), indent=1).encode()
+
+
+def _resolve_tokenizer(cfg: ModelConfig, tokenizer):
+  """`save`'s tokenizer argument -> a Tokenizer, or None for no tokenizer files."""
+  from envs.chat import tokenizer as tok_lib  # the model does not need the chat package to load
+  if tokenizer is None or isinstance(tokenizer, tok_lib.Tokenizer):
+    return tokenizer
+  if tokenizer:
+    return tok_lib.load_tokenizer(tokenizer, tok_lib.AUTO)
+  tiny = tok_lib.load_tokenizer("", "tiny")
+  return tiny if tiny.vocab_size == cfg.vocab_size else None
+
+
+def save(cfg: ModelConfig, params, path: str, max_shard_bytes: int = 4 << 30, tokenizer="",
+         sampling=None):
+  """Writes a Hugging Face checkpoint directory (safetensors sharded with an index past
+  `max_shard_bytes`).
+
+  Args:
+    cfg, params: the model.
+    path: the directory.
+    max_shard_bytes: the largest safetensors file.
+    tokenizer: the model's tokenizer (envs.chat.Tokenizer), or a path to a tokenizer.json or a
+      checkpoint directory holding one (its control ids are read from its files, and its own
+      chat template, if any, is kept); "" = the shipped tiny tokenizer when its vocabulary is
+      the model's, else none; None = no tokenizer or generation files.
+    sampling: generation defaults (temperature, top_p, top_k) for generation_config.json.
+  """
+  tok = _resolve_tokenizer(cfg, tokenizer)
+  os.makedirs(path, exist_ok=True)
+  params = jax.device_get(params)
+  tensors = {k: jnp.asarray(np.ascontiguousarray(v)) for k, v in to_hf_tensors(cfg, params).items()}
   shards, current, size = [], {}, 0
   for k in sorted(tensors):
     nbytes = tensors[k].size * tensors[k].dtype.itemsize
@@ -406,7 +461,8 @@ def save(cfg: ModelConfig, params, path: str, max_shard_bytes: int = 4 << 30):
     current[k] = tensors[k]
     size += nbytes
   shards.append(current)
-  # Write tensors first and the config last, so a directory with a config is complete.
+  # Write tensors and tokenizer first and the config last, so a directory with a config is
+  # complete.
   if len(shards) == 1:
     save_file(shards[0], os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
   else:
@@ -418,6 +474,10 @@ def save(cfg: ModelConfig, params, path: str, max_shard_bytes: int = 4 << 30):
     total = sum(t.size * t.dtype.itemsize for t in tensors.values())
     with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
       json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
+  if tok is not None:
+    from envs.chat import hf_export
+    hf_export.write(path, tok, cfg.vocab_size, cfg.max_position_embeddings, sampling)
   with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump(hf_config, f, indent=1)
+    json.dump(text_config_dict(cfg), f, indent=1)
+    f.write("\n")
   return path

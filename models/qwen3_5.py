@@ -381,7 +381,9 @@ def load_hf(path, dtype=jnp.float32, shardings=None, **overrides):
 
 
 def save_hf(cfg: ModelConfig, params, path, **kw):
-  """Writes params in the hub layout (config under text_config, keys under model.language_model.)."""
+  """Writes a Hugging Face checkpoint directory transformers loads as it is: weights, a
+  text-only config.json, the tokenizer and generation defaults (hf_io.save; `tokenizer=`,
+  `sampling=`, `max_shard_bytes=`)."""
   return hf_io.save(cfg, params, path, **kw)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 
 import jax
 
@@ -77,9 +78,21 @@ def load_params_and_meta(directory: str, config, shardings=None) -> tuple:
   return (None, None) if out is None else (out[1]["params"], out[2])
 
 
+# The files of a checkpoint directory that hold its weights; everything else in it (tokenizer,
+# generation defaults, chat template, model card) leaves the start weights as they are.
+_WEIGHT_FILE = re.compile(r"(\.safetensors|\.safetensors\.index\.json)$")
+
+
 def start_fingerprint(config) -> str:
-  """What an SFT run starts from: train.init_from's files (names, sizes, and the first and last
-  MiB of each, so a release of many GB costs a few reads) or the seeded random init."""
+  """What an SFT run starts from: train.init_from's weights or the seeded random init.
+
+  The weight files enter by name, size, and the first and last MiB of each (so a release of
+  many GB costs a few reads); config.json enters as the model config it holds, in one fixed
+  form (hf_io.canonical_config_bytes; its bytes when it holds none), so rewriting a
+  checkpoint's other files (config.json's layout, tokenizer, generation defaults) keeps the
+  fingerprint, while other weights or another model config change it. The fixed form is the
+  config.json of checkpoints written before exports were text-only, whose fingerprints
+  therefore stay what they were."""
   path = config.train.init_from
   if not path:
     return f"random-init-seed-{int(config.seed)}"
@@ -89,6 +102,13 @@ def start_fingerprint(config) -> str:
   for name in sorted(os.listdir(path)):
     f = os.path.join(path, name)
     if not os.path.isfile(f):
+      continue
+    if name == "config.json":
+      canonical = hf_io.canonical_config_bytes(path)
+      if canonical is not None:
+        h.update(f"{name}:{len(canonical)};".encode() + canonical[:1 << 20])
+        continue
+    elif not _WEIGHT_FILE.search(name):
       continue
     size = os.path.getsize(f)
     h.update(f"{name}:{size};".encode())

@@ -20,6 +20,7 @@ import numpy as np
 import optax
 
 from envs import worlds
+from envs.chat.tokenizer import from_config as tokenizer_from_config
 from envs.chat.tokenizer import ordinary_id_range
 from envs.harness.batch import collate
 from envs.harness.oracle import oracle_factory
@@ -287,7 +288,7 @@ def run_sft(config, metrics: Optional[Metrics] = None):
     save_params(sft_dir(config), distributed.replicated(params),
                 {"steps": int(step), "episodes": len(ok), "start": start}, step)
     if config.sft.export_hf and distributed.is_writer():
-      qwen3_5.save_hf(model_cfg, params, config.sft.export_hf)
+      qwen3_5.save_hf(model_cfg, params, config.sft.export_hf, **hf_export_settings(config))
 
   params = sft_train(config, data, init_params(config), metrics, val, export)
   steps, every = int(config.sft.steps), int(config.sft.save_every)
@@ -297,6 +298,15 @@ def run_sft(config, metrics: Optional[Metrics] = None):
     print(f"SFT: Hugging Face checkpoint in {config.sft.export_hf}", flush=True)
   print(f"SFT: done in {time.monotonic() - t0:.0f}s; params in {sft_dir(config)}", flush=True)
   return params
+
+
+def hf_export_settings(config) -> dict:
+  """save_hf's tokenizer and generation defaults for a checkpoint of this config: its tokenizer
+  (config.tokenizer) and the engine's default sampling (config.rollout)."""
+  r = config.rollout
+  return {"tokenizer": tokenizer_from_config(config.tokenizer),
+          "sampling": {"temperature": float(r.temperature), "top_p": float(r.top_p),
+                       "top_k": int(r.top_k)}}
 
 
 def start_params(config, shardings=None, metrics: Optional[Metrics] = None):

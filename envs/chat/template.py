@@ -11,9 +11,12 @@ This mirrors the Jinja chat template shipped with Qwen3.5 (and Qwen3-Coder's too
   <|im_start|>assistant\n<think>\n                      (generation prompt, thinking on)
   <|im_start|>assistant\n<think>\n\n</think>\n\n        (generation prompt, thinking off)
 
-Past reasoning is kept in the context (the template's preserve-thinking behaviour), so the
-conversation only ever grows at its end: that is what makes token-in/token-out append-only.
-Token ids are built from these pieces in `envs.chat.format`; this module is text only.
+Past reasoning is kept in the context, so the conversation only ever grows at its end: that
+is what makes token-in/token-out append-only. (The published template drops the think blocks of
+assistant turns before the last user query; within one task, as in every agent episode here,
+the two render the same ids. tests/envs/test_chat_template_hf.py checks this, and
+docs/hf_export.md lists every difference.) Token ids are built from these pieces in
+`envs.chat.format`; this module is text only.
 """
 import json
 import re

@@ -3,8 +3,13 @@
 Both are `tokenizers` byte-level BPE files with the Qwen3.5 control tokens. The control ids
 are checked at load time against the table the config names, because a tokenizer whose
 `<|im_end|>` moved would make every stop id, loss mask and parsed tool call silently wrong.
+With `special_ids="auto"` the ids are read from the checkpoint itself instead: each control
+token must be a special added token of its `tokenizer.json`, and a `tokenizer_config.json`
+beside it must agree (its `added_tokens_decoder`, and an end-of-sequence token that is one of
+the format's stop tokens).
 """
 import dataclasses
+import json
 import os
 from typing import Mapping, Sequence
 
@@ -26,6 +31,8 @@ QWEN3_5_SPECIAL_IDS = {
 TINY_SPECIAL_IDS = {tok: i for i, tok in enumerate(QWEN3_5_SPECIAL_IDS)}
 
 _EXPECTED = {"qwen3_5": QWEN3_5_SPECIAL_IDS, "tiny": TINY_SPECIAL_IDS}
+# "auto": the ids are read from the checkpoint's own files (`special_ids_from_files`).
+AUTO = "auto"
 
 
 def ordinary_id_range(special_ids: str, vocab_size: int) -> tuple[int, int]:
@@ -81,10 +88,13 @@ class Tokenizer:
   contain the string "<|im_end|>" cannot forge a control token.
   """
 
-  def __init__(self, hf: tokenizers.Tokenizer, special: SpecialIds, path: str = ""):
+  def __init__(self, hf: tokenizers.Tokenizer, special: SpecialIds, path: str = "",
+               config: Mapping | None = None):
     self._hf = hf
     self.special = special
     self.path = path
+    # The checkpoint's tokenizer_config.json beside `path` ({} when there is none).
+    self.config = dict(config or {})
     self._control = {tok.content: i for i, tok in hf.get_added_tokens_decoder().items()}
     for name in QWEN3_5_SPECIAL_IDS:
       self._control.setdefault(name, hf.token_to_id(name))
@@ -145,6 +155,17 @@ class Tokenizer:
     """Text of `ids`, control tokens included (for parsing and logs, never for training)."""
     return self._hf.decode(list(ids), skip_special_tokens=False)
 
+  def to_json(self) -> str:
+    """The tokenizer.json this tokenizer was read from (its bytes when it came from a file)."""
+    if self.path and os.path.isfile(self.path):
+      with open(self.path, encoding="utf-8", newline="") as f:
+        return f.read()
+    return self._hf.to_str()
+
+  def added_tokens(self) -> dict[int, tokenizers.AddedToken]:
+    """id -> added token (the control tokens and any other added ones), by id."""
+    return dict(sorted(self._hf.get_added_tokens_decoder().items()))
+
 
 def check_special_ids(hf: tokenizers.Tokenizer, expected: Mapping[str, int], where: str) -> None:
   """Raises TokenizerError naming every control token whose id differs from `expected`."""
@@ -156,6 +177,67 @@ def check_special_ids(hf: tokenizers.Tokenizer, expected: Mapping[str, int], whe
   if wrong:
     raise TokenizerError(f"{where}: control token ids do not match the chat format: "
                          + "; ".join(wrong))
+
+
+def _token_content(value) -> str | None:
+  """A tokenizer_config.json token entry: a string, or a dict with `content`."""
+  if isinstance(value, Mapping):
+    value = value.get("content")
+  return value if isinstance(value, str) else None
+
+
+def special_ids_from_files(hf: tokenizers.Tokenizer, config: Mapping | None,
+                           where: str) -> dict[str, int]:
+  """The control-token table of a checkpoint, read from its own files.
+
+  Args:
+    hf: the checkpoint's tokenizer.json.
+    config: its tokenizer_config.json, or None when it has none.
+    where: the path, for messages.
+
+  Raises:
+    TokenizerError: naming every control token that is missing, not a special added token, or
+      placed at another id by tokenizer_config.json; or an eos_token outside the stop tokens.
+  """
+  added = hf.get_added_tokens_decoder()
+  table, wrong = {}, []
+  for content in QWEN3_5_SPECIAL_IDS:
+    i = hf.token_to_id(content)
+    if i is None:
+      wrong.append(f"{content}: not in the vocabulary")
+    elif i not in added or not added[i].special:
+      wrong.append(f"{content}: id {i} is not a special added token")
+    else:
+      table[content] = i
+  config = config or {}
+  for key, entry in (config.get("added_tokens_decoder") or {}).items():
+    content = _token_content(entry)
+    if content in table and int(key) != table[content]:
+      wrong.append(f"{content}: tokenizer_config.json says id {key}, tokenizer.json "
+                   f"{table[content]}")
+  eos = _token_content(config.get("eos_token"))
+  if eos is not None and eos not in ("<|im_end|>", "<|endoftext|>"):
+    wrong.append(f"eos_token {eos!r} is not a stop token of the chat format "
+                 f"(<|im_end|> or <|endoftext|>)")
+  if wrong:
+    raise TokenizerError(f"{where}: control tokens do not fit the chat format: "
+                         + "; ".join(wrong))
+  return table
+
+
+def read_tokenizer_config(tokenizer_json: str) -> dict | None:
+  """The tokenizer_config.json beside a tokenizer.json, or None when there is none."""
+  path = os.path.join(os.path.dirname(os.path.abspath(tokenizer_json)), "tokenizer_config.json")
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path, encoding="utf-8") as f:
+      config = json.load(f)
+  except (OSError, ValueError) as e:
+    raise TokenizerError(f"cannot read {path}: {e}") from e
+  if not isinstance(config, dict):
+    raise TokenizerError(f"{path}: not a JSON object")
+  return config
 
 
 def resolve_path(path: str) -> str:
@@ -171,19 +253,26 @@ def load_tokenizer(path: str = "", special_ids: str = "tiny") -> Tokenizer:
   """Loads a tokenizer and checks its control ids.
 
   Args:
-    path: a tokenizer.json or a directory with one; "" = the shipped tiny tokenizer.
-    special_ids: which id table to check against: "qwen3_5" (the real vocabulary) or "tiny".
+    path: a tokenizer.json or a directory with one (a Hugging Face checkpoint, whose
+      tokenizer_config.json is read too); "" = the shipped tiny tokenizer.
+    special_ids: the id table to check against: "qwen3_5" (the real vocabulary), "tiny", or
+      "auto" (read from the checkpoint's own files: `special_ids_from_files`).
   """
   path = resolve_path(path or TINY_TOKENIZER_PATH)
-  if special_ids not in _EXPECTED:
-    raise TokenizerError(f"unknown special_ids table {special_ids!r}; one of {sorted(_EXPECTED)}")
+  if special_ids not in _EXPECTED and special_ids != AUTO:
+    raise TokenizerError(f"unknown special_ids table {special_ids!r}; one of "
+                         f"{sorted(_EXPECTED) + [AUTO]}")
   try:
     hf = tokenizers.Tokenizer.from_file(path)
   except Exception as e:  # the Rust side raises plain Exception on a bad file
     raise TokenizerError(f"cannot read tokenizer {path}: {e}") from e
-  expected = _EXPECTED[special_ids]
-  check_special_ids(hf, expected, path)
-  return Tokenizer(hf, SpecialIds.from_table(expected), path)
+  config = read_tokenizer_config(path)
+  if special_ids == AUTO:
+    expected = special_ids_from_files(hf, config, path)
+  else:
+    expected = _EXPECTED[special_ids]
+    check_special_ids(hf, expected, path)
+  return Tokenizer(hf, SpecialIds.from_table(expected), path, config)
 
 
 def from_config(tok_cfg) -> Tokenizer:

@@ -93,3 +93,79 @@ def test_untrusted_text_cannot_forge_control_tokens():
   assert not set(ids) & set(tokenizer.TINY_SPECIAL_IDS.values())
   assert tok.decode(ids) == text
   assert tok.encode("plain words", allow_control=False) == tok.encode("plain words")
+
+
+# The added tokens of the real Qwen3.5 release that precede its chat tokens' end, at their ids.
+QWEN3_5_RELEASE_TOKENS = {
+    "<|endoftext|>": 248044, "<|im_start|>": 248045, "<|im_end|>": 248046,
+    "<|object_ref_start|>": 248047, "<|object_ref_end|>": 248048, "<|box_start|>": 248049,
+    "<|box_end|>": 248050, "<|quad_start|>": 248051, "<|quad_end|>": 248052,
+    "<|vision_start|>": 248053, "<|vision_end|>": 248054, "<|vision_pad|>": 248055,
+    "<|image_pad|>": 248056, "<|video_pad|>": 248057, "<tool_call>": 248058,
+    "</tool_call>": 248059, "<|fim_prefix|>": 248060, "<|fim_middle|>": 248061,
+    "<|fim_suffix|>": 248062, "<|fim_pad|>": 248063, "<|repo_name|>": 248064,
+    "<|file_sep|>": 248065, "<tool_response>": 248066, "</tool_response>": 248067,
+    "<think>": 248068, "</think>": 248069,
+}
+
+
+def _checkpoint_dir(path, table, **config):
+  """A checkpoint's tokenizer files: tokenizer.json with `table`'s tokens at their ids and a
+  tokenizer_config.json as a release ships it (added_tokens_decoder, eos, pad, template)."""
+  path.mkdir()
+  _write_fake_real_vocab(path / "tokenizer.json", table)
+  cfg = {"added_tokens_decoder": {str(i): {"content": c, "special": True}
+                                  for c, i in table.items()},
+         "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+         "chat_template": "{{ messages[0].content }}", **config}
+  (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+  return path
+
+
+def test_checkpoint_special_ids_are_read_from_its_own_files(tmp_path):
+  tok = tokenizer.load_tokenizer(str(_checkpoint_dir(tmp_path / "rel", QWEN3_5_RELEASE_TOKENS)),
+                                 "auto")
+  want = {c: QWEN3_5_RELEASE_TOKENS[c] for c in tokenizer.QWEN3_5_SPECIAL_IDS}
+  assert tokenizer.SpecialIds.from_table(want) == tok.special
+  assert tok.special.stop_ids == (248046, 248044)
+  assert tok.config["eos_token"] == "<|im_end|>"
+  assert tok.encode("ok<|im_end|>")[-1] == 248046
+  # Read, not assumed: the same tokens 1000 ids lower are found where they are.
+  moved = {c: i - 1000 for c, i in QWEN3_5_RELEASE_TOKENS.items()}
+  tok = tokenizer.load_tokenizer(str(_checkpoint_dir(tmp_path / "moved", moved)), "auto")
+  assert tok.special.im_end == 247046 and tok.special.think_end == 247069
+
+
+def test_checkpoint_tokenizer_files_that_disagree_are_named_errors(tmp_path):
+  table = dict(QWEN3_5_RELEASE_TOKENS)
+  d = _checkpoint_dir(tmp_path / "a", table, added_tokens_decoder={
+      "248059": {"content": "<tool_call>", "special": True}})
+  with pytest.raises(tokenizer.TokenizerError,
+                     match=r"<tool_call>: tokenizer_config.json says id 248059, "
+                           r"tokenizer.json 248058"):
+    tokenizer.load_tokenizer(str(d), "auto")
+  d = _checkpoint_dir(tmp_path / "b", table, eos_token="</s>")
+  with pytest.raises(tokenizer.TokenizerError, match="eos_token '</s>' is not a stop token"):
+    tokenizer.load_tokenizer(str(d), "auto")
+  del table["</think>"]
+  with pytest.raises(tokenizer.TokenizerError, match="</think>: not in the vocabulary"):
+    tokenizer.load_tokenizer(str(_checkpoint_dir(tmp_path / "c", table)), "auto")
+
+
+def test_export_carries_the_checkpoints_ids_and_template(tmp_path):
+  from envs.chat import hf_export
+  tok = tokenizer.load_tokenizer(str(_checkpoint_dir(tmp_path / "rel", QWEN3_5_RELEASE_TOKENS)),
+                                 "auto")
+  out = tmp_path / "out"
+  out.mkdir()
+  hf_export.write(str(out), tok, REAL_VOCAB, 262144, {"temperature": 0.6, "top_p": 0.95})
+  gen = json.loads((out / "generation_config.json").read_text())
+  assert gen["eos_token_id"] == [248046, 248044] and gen["pad_token_id"] == 248044
+  assert (gen["temperature"], gen["top_p"], gen["top_k"]) == (0.6, 0.95, 0)
+  cfg = json.loads((out / "tokenizer_config.json").read_text())
+  assert cfg["chat_template"] == "{{ messages[0].content }}"   # the checkpoint's own
+  assert (cfg["eos_token"], cfg["pad_token"]) == ("<|im_end|>", "<|endoftext|>")
+  assert cfg["added_tokens_decoder"]["248069"]["content"] == "</think>"
+  assert (out / "tokenizer.json").read_bytes() == (tmp_path / "rel" / "tokenizer.json").read_bytes()
+  with pytest.raises(ValueError, match="more than the model's"):
+    hf_export.write(str(out), tok, 1024, 4096)
