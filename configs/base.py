@@ -209,7 +209,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Tokenizer and chat format (envs/chat).
   c.tokenizer = ml_collections.ConfigDict()
   c.tokenizer.path = ""              # tokenizer.json or a directory holding one; "" = the shipped tiny BPE
-  c.tokenizer.special_ids = "tiny"   # control-id table checked at load: tiny | qwen3_5
+  c.tokenizer.special_ids = "tiny"   # control-id table checked at load: tiny | qwen3_5 | auto (read from the checkpoint's tokenizer files)
   c.tokenizer.thinking = True        # generation prompt opens a think block (False: empty think block)
 
   # Agent harness (envs/harness): one agent loop per process, a timeout on everything.

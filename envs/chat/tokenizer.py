@@ -37,6 +37,9 @@ AUTO = "auto"
 
 def ordinary_id_range(special_ids: str, vocab_size: int) -> tuple[int, int]:
   """[low, high) ids holding no control token: after the tiny table, before the Qwen3.5 one."""
+  if special_ids == "auto":
+    raise ValueError("the ordinary id range (the SFT copy drill's tokens) needs a named "
+                     f"tokenizer.special_ids table, one of {sorted(_EXPECTED)}, not 'auto'")
   if special_ids not in _EXPECTED:
     raise ValueError(f"unknown special_ids table {special_ids!r}; one of {sorted(_EXPECTED)}")
   table = _EXPECTED[special_ids]
