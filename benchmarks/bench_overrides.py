@@ -1,4 +1,16 @@
-"""`key.sub=value` config overrides for the benchmark scripts (launch.py has ml_collections flags)."""
+"""`key.sub=value` config overrides for the benchmark scripts (launch.py has ml_collections flags),
+and a config file's `get_config()` loaded by path."""
+import importlib.util
+
+
+def load_config_file(path: str):
+  """`get_config()` of the config file at `path`, unlocked for the benchmark's own settings."""
+  spec = importlib.util.spec_from_file_location("bench_config", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  c = mod.get_config()
+  c.unlock()
+  return c
 
 
 def parse_value(v: str):

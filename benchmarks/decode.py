@@ -23,18 +23,13 @@ import numpy as np  # noqa: E402
 
 import bench_overrides as overrides  # noqa: E402  (a sibling: benchmarks/ is sys.path[0])
 
-import importlib.util  # noqa: E402
 import jax  # noqa: E402
 from models import qwen3_5  # noqa: E402
 from rl.rollout.engine import PrefillInput, QwenEngine, SamplingSettings  # noqa: E402
 
 
 def load_config(args):
-  spec = importlib.util.spec_from_file_location("bench_config", args.config)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  c = mod.get_config()
-  c.unlock()
+  c = overrides.load_config_file(args.config)
   overrides.apply(c, args.set)
   c.model.dtype = args.dtype
   c.model.param_dtype = args.dtype

@@ -16,7 +16,6 @@ one engine, seeded draws). Asserts nothing.
 """
 import argparse
 import http.client
-import importlib.util
 import json
 import os
 import sys
@@ -36,11 +35,7 @@ from rl.rollout import serve  # noqa: E402
 
 
 def load_config(args):
-  spec = importlib.util.spec_from_file_location("bench_config", args.config)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  c = mod.get_config()
-  c.unlock()
+  c = overrides.load_config_file(args.config)
   c.rollout.slots = args.slots
   c.rollout.max_len = args.prompt_len + args.tokens + 8
   c.train.max_context = c.rollout.max_len
