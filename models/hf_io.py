@@ -24,6 +24,7 @@ naming the key.
 import json
 import os
 import re
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -422,33 +423,19 @@ def canonical_config_bytes(path: str) -> bytes | None:
   return json.dumps(hub_config_dict(cfg), indent=1).encode()
 
 
-def _resolve_tokenizer(cfg: ModelConfig, tokenizer):
-  """`save`'s tokenizer argument -> a Tokenizer, or None for no tokenizer files."""
-  from envs.chat import tokenizer as tok_lib  # the model does not need the chat package to load
-  if tokenizer is None or isinstance(tokenizer, tok_lib.Tokenizer):
-    return tokenizer
-  if tokenizer:
-    return tok_lib.load_tokenizer(tokenizer, tok_lib.AUTO)
-  tiny = tok_lib.load_tokenizer("", "tiny")
-  return tiny if tiny.vocab_size == cfg.vocab_size else None
-
-
-def save(cfg: ModelConfig, params, path: str, max_shard_bytes: int = 4 << 30, tokenizer="",
-         sampling=None):
+def save(cfg: ModelConfig, params, path: str, max_shard_bytes: int = 4 << 30,
+         extras: Optional[Callable[[str], None]] = None):
   """Writes a Hugging Face checkpoint directory (safetensors sharded with an index past
-  `max_shard_bytes`).
+  `max_shard_bytes`, a text-only config.json).
 
   Args:
     cfg, params: the model.
     path: the directory.
     max_shard_bytes: the largest safetensors file.
-    tokenizer: the model's tokenizer (envs.chat.Tokenizer), or a path to a tokenizer.json or a
-      checkpoint directory holding one (its control ids are read from its files, and its own
-      chat template, if any, is kept); "" = the shipped tiny tokenizer when its vocabulary is
-      the model's, else none; None = no tokenizer or generation files.
-    sampling: generation defaults (temperature, top_p, top_k) for generation_config.json.
+    extras: called with `path` after the weights and before config.json, to add files (the
+      tokenizer and generation defaults: envs.chat.hf_export.save_hf, which the model package
+      does not depend on).
   """
-  tok = _resolve_tokenizer(cfg, tokenizer)
   os.makedirs(path, exist_ok=True)
   params = jax.device_get(params)
   tensors = {k: jnp.asarray(np.ascontiguousarray(v)) for k, v in to_hf_tensors(cfg, params).items()}
@@ -474,9 +461,8 @@ def save(cfg: ModelConfig, params, path: str, max_shard_bytes: int = 4 << 30, to
     total = sum(t.size * t.dtype.itemsize for t in tensors.values())
     with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
       json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
-  if tok is not None:
-    from envs.chat import hf_export
-    hf_export.write(path, tok, cfg.vocab_size, cfg.max_position_embeddings, sampling)
+  if extras is not None:
+    extras(path)
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(text_config_dict(cfg), f, indent=1)
     f.write("\n")

@@ -381,9 +381,9 @@ def load_hf(path, dtype=jnp.float32, shardings=None, **overrides):
 
 
 def save_hf(cfg: ModelConfig, params, path, **kw):
-  """Writes a Hugging Face checkpoint directory transformers loads as it is: weights, a
-  text-only config.json, the tokenizer and generation defaults (hf_io.save; `tokenizer=`,
-  `sampling=`, `max_shard_bytes=`)."""
+  """Writes the weights and a text-only config.json of a Hugging Face checkpoint directory
+  (hf_io.save; `max_shard_bytes=`, `extras=`). The complete directory, tokenizer and generation
+  defaults included, is envs.chat.hf_export.save_hf."""
   return hf_io.save(cfg, params, path, **kw)
 
 

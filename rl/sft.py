@@ -20,6 +20,7 @@ import numpy as np
 import optax
 
 from envs import worlds
+from envs.chat import hf_export
 from envs.chat.tokenizer import from_config as tokenizer_from_config
 from envs.chat.tokenizer import ordinary_id_range
 from envs.harness.batch import collate
@@ -288,7 +289,7 @@ def run_sft(config, metrics: Optional[Metrics] = None):
     save_params(sft_dir(config), distributed.replicated(params),
                 {"steps": int(step), "episodes": len(ok), "start": start}, step)
     if config.sft.export_hf and distributed.is_writer():
-      qwen3_5.save_hf(model_cfg, params, config.sft.export_hf, **hf_export_settings(config))
+      hf_export.save_hf(model_cfg, params, config.sft.export_hf, **hf_export_settings(config))
 
   params = sft_train(config, data, init_params(config), metrics, val, export)
   steps, every = int(config.sft.steps), int(config.sft.save_every)

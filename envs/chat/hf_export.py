@@ -1,6 +1,7 @@
 """The tokenizer side of a Hugging Face checkpoint directory: tokenizer.json,
 tokenizer_config.json (control tokens, end of sequence, padding, chat template) and the
-generation defaults, so `AutoTokenizer` and `generate` need nothing else.
+generation defaults, so `AutoTokenizer` and `generate` need nothing else. `save_hf` writes the
+whole directory: the model's weights and config (models.qwen3_5.save_hf) plus these files.
 
 The chat template written is the checkpoint's own when the tokenizer came from one that has
 a template, else the one Qwen3.5 is published with (`qwen3_5_chat_template.jinja`, kept
@@ -12,7 +13,10 @@ import json
 import os
 from typing import Any, Mapping
 
+from envs.chat import tokenizer as tok_lib
 from envs.chat.tokenizer import Tokenizer
+from models import qwen3_5
+from models.config import ModelConfig
 
 # Qwen's published Qwen3.5 chat template, verbatim. Source: the Hugging Face Hub releases
 # Qwen/Qwen3.5-27B (tokenizer_config.json, "chat_template") and Qwen/Qwen3.5-4B
@@ -118,3 +122,32 @@ def write(path: str, tokenizer: Tokenizer, vocab_size: int, model_max_length: in
               tokenizer_config(tokenizer, model_max_length))
   _write_json(os.path.join(path, "generation_config.json"),
               generation_config(tokenizer, sampling))
+
+
+def resolve_tokenizer(vocab_size: int, tokenizer="") -> Tokenizer | None:
+  """`save_hf`'s tokenizer argument -> a Tokenizer, or None for no tokenizer files."""
+  if tokenizer is None or isinstance(tokenizer, Tokenizer):
+    return tokenizer
+  if tokenizer:
+    return tok_lib.load_tokenizer(tokenizer, tok_lib.AUTO)
+  tiny = tok_lib.load_tokenizer("", "tiny")
+  return tiny if tiny.vocab_size == vocab_size else None
+
+
+def save_hf(cfg: ModelConfig, params, path: str, tokenizer="",
+            sampling: Mapping[str, float] | None = None, **kw) -> str:
+  """A Hugging Face checkpoint directory transformers uses without help: the weights and a
+  text-only config.json (models.qwen3_5.save_hf; `max_shard_bytes=`), the tokenizer and the
+  generation defaults.
+
+  Args:
+    tokenizer: the model's tokenizer, or a path to a tokenizer.json or a checkpoint directory
+      holding one (its control ids are read from its files, and its own chat template, if any,
+      is kept); "" = the shipped tiny tokenizer when its vocabulary is the model's, else none;
+      None = no tokenizer or generation files.
+    sampling: generation defaults (temperature, top_p, top_k) for generation_config.json.
+  """
+  tok = resolve_tokenizer(cfg.vocab_size, tokenizer)
+  extras = None if tok is None else (
+      lambda p: write(p, tok, cfg.vocab_size, cfg.max_position_embeddings, sampling))
+  return qwen3_5.save_hf(cfg, params, path, extras=extras, **kw)

@@ -45,8 +45,8 @@ def tiny():
 @pytest.fixture(scope="module")
 def exported(tiny, tmp_path_factory):
   cfg, params = tiny
-  return qwen3_5.save_hf(cfg, params, str(tmp_path_factory.mktemp("tiny") / "hf"),
-                         **hf_export_settings(tiny_cpu.get_config()))
+  return hf_export.save_hf(cfg, params, str(tmp_path_factory.mktemp("tiny") / "hf"),
+                           **hf_export_settings(tiny_cpu.get_config()))
 
 
 def _greedy(cfg, params, prompt, stop_ids, max_new):
@@ -117,7 +117,7 @@ def test_dense_models_name_the_dense_class(tmp_path):
                                                  moe_intermediate_size=0,
                                                  shared_expert_intermediate_size=0)
   params = qwen3_5.init_params(cfg, jax.random.key(0))
-  path = qwen3_5.save_hf(cfg, params, str(tmp_path / "dense"))
+  path = hf_export.save_hf(cfg, params, str(tmp_path / "dense"))
   with open(os.path.join(path, "config.json")) as f:
     config = json.load(f)
   assert (config["architectures"], config["model_type"]) == (["Qwen3_5ForCausalLM"],
