@@ -64,16 +64,16 @@ def run_seed(seed: int, name: str, overrides: list, workdir: str) -> dict:
   cmd = seed_command(seed, name, overrides, workdir)
   rdir = os.path.join(workdir, f"replication-{name}-s{seed}")
   summary_path, cmd_path = os.path.join(rdir, "summary.json"), os.path.join(rdir, "command.json")
-  if os.path.isfile(summary_path) and os.path.isfile(cmd_path):
+  saved = None
+  if os.path.isfile(cmd_path):
     with open(cmd_path) as f:
-      if json.load(f) == cmd[1:]:
-        print(f"seed {seed}: reading the finished run in {rdir}", flush=True)
-        with open(summary_path) as g:
-          return json.load(g)
-  if os.path.isdir(os.path.join(rdir, "checkpoints")) and os.path.isfile(cmd_path):
-    with open(cmd_path) as f:
-      if json.load(f) != cmd[1:]:
-        raise SystemExit(f"{rdir} holds a run of another command; use another --name")
+      saved = json.load(f)
+  if saved == cmd[1:] and os.path.isfile(summary_path):
+    print(f"seed {seed}: reading the finished run in {rdir}", flush=True)
+    with open(summary_path) as f:
+      return json.load(f)
+  if saved is not None and saved != cmd[1:] and os.path.isdir(os.path.join(rdir, "checkpoints")):
+    raise SystemExit(f"{rdir} holds a run of another command; use another --name")
   os.makedirs(rdir, exist_ok=True)
   with open(cmd_path, "w") as f:
     json.dump(cmd[1:], f)

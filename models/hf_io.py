@@ -8,12 +8,12 @@ or fused (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, 
 `mtp.*` and `visual.*` tensors are ignored. `load_sharded` builds each parameter on its devices
 from the blocks they hold (for meshes whose model no single host could hold).
 
-`save` writes a directory the Hugging Face stack loads without help (docs/hf_export.md): the
-tensors under `model.language_model.` with per-expert keys (what `save_pretrained` of a
-transformers `Qwen3_5MoeForCausalLM` writes too), a text-only config.json
-(`Qwen3_5MoeForCausalLM` / `Qwen3_5ForCausalLM`), and the tokenizer: tokenizer.json,
-tokenizer_config.json (control tokens, eos `<|im_end|>`, chat template) and
-generation_config.json (envs.chat.hf_export).
+`save` writes the model side of a Hugging Face directory (docs/hf_export.md): the tensors under
+`model.language_model.` with per-expert keys (what `save_pretrained` of a transformers
+`Qwen3_5MoeForCausalLM` writes too) and a text-only config.json (`Qwen3_5MoeForCausalLM` /
+`Qwen3_5ForCausalLM`). Its `extras` hook adds other files; envs.chat.hf_export.save_hf uses it
+for the tokenizer side (tokenizer.json, tokenizer_config.json with the chat template,
+generation_config.json), which this package does not depend on.
 
 Every tensor is checked: a missing, unexpected or misshapen one raises `CheckpointError`
 naming the key.

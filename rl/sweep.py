@@ -6,8 +6,8 @@ same launch.py command line with `--config.<key>=<value>` added and `--sweep` re
 as its own process (a fresh JAX runtime, its own rollout server port, its own run directory
 runs/<name>-<job>/). Keys are checked against the config before anything runs, so a typo
 fails the whole sweep at once, and so does a job on a reporting world seed (configs/seeds.py:
-sweeps choose settings, so they run on dev seeds). After the jobs, the summaries (runs/<job>/summary.json) are
-tabulated to runs/sweeps/<sweep>-<config name>.md and printed.
+sweeps choose settings, so they run on dev seeds). After the jobs, the summaries
+(runs/<job>/summary.json) are tabulated to runs/sweeps/<sweep>-<config name>.md and printed.
 """
 import importlib.util
 import json

@@ -27,8 +27,9 @@ Token t is predicted by the logits at t - 1, so tokens[:, 0] never carries loss.
 
 Inside one call: advantages over the whole batch (groups need all their samples), optional
 recompute of the old logprobs with the incoming params, the reference policy's logprobs when
-the KL penalty is on (a forward pass of the reference per micro-batch), then `train.mini_batches` optimizer
-updates, each over a strided slice of the batch, each accumulating gradients over
+the KL penalty is on (a forward pass of the reference per live micro-batch), then
+`train.mini_batches` optimizer updates, each over a strided slice of the batch, each
+accumulating gradients over
 `train.micro_batches` micro-batches in a lax.scan. Loss reduction weights are computed per
 mini-batch from the whole mini-batch (rl/grpo.py), so micro-batching and data parallelism
 do not change the loss or the gradients.
