@@ -135,7 +135,30 @@ def get_config() -> ml_collections.ConfigDict:
   c.envs.level_weights = (0.34, 0.33, 0.33)  # share of levels 1 / 2 / 3 among generated tasks
   c.envs.answer_rel_tol = 0.001      # relative tolerance of numeric answer criteria (on top of rounding)
   c.envs.max_numbers_in_answer = 8   # a final answer quoting more numbers fails numeric criteria
-  c.envs.judge_endpoint = ""         # URL of a judge model for judge criteria; "" = none
+  # Where episodes' worlds and tasks come from (docs/own_environment.md).
+  c.envs.source = "generated"        # generated (the rendered worlds) | mcp_stdio | mcp_http
+  c.envs.tasks_file = ""             # JSONL task file or APEX-Agents/Archipelago task folder; "" = generated tasks
+  c.envs.tasks_format = "auto"       # auto | jsonl | archipelago (how tasks_file is read)
+  c.envs.mcp = ml_collections.ConfigDict()
+  c.envs.mcp.command = ""            # mcp_stdio: server command line, started per world copy; {world} = its working dir
+  c.envs.mcp.setup = ""              # mcp_stdio: shell command run in a fresh world copy before the server starts
+  c.envs.mcp.env = ""                # mcp_stdio: extra environment, "K=V,K2=V2" (values may use {world})
+  c.envs.mcp.url = ""                # mcp_http: streamable-HTTP URL of a running MCP server
+  c.envs.mcp.reset = ""              # mcp_http: shell command (or http(s) URL, POSTed) run before each episode
+  c.envs.mcp.headers_env = ""        # mcp_http: name of an environment variable holding "K: V" request headers
+  # Judge model for `judge` rubric criteria (envs/judge.py).
+  c.envs.judge = ml_collections.ConfigDict()
+  c.envs.judge.endpoint = ""         # OpenAI-compatible base URL (.../v1); "" = none
+  c.envs.judge.model = ""            # model name sent to the endpoint ("" = the server's first /v1/models entry)
+  c.envs.judge.api_key_env = "OPENAI_API_KEY"  # environment variable holding the API key (never logged)
+  c.envs.judge.checkpoint = ""       # a Hugging Face Qwen3.5 folder the project serves itself as judge
+  c.envs.judge.timeout_s = 60.0      # one judge request
+  c.envs.judge.retries = 2           # re-asks after a malformed verdict or a failed request
+  c.envs.judge.max_concurrency = 4   # judge requests in flight per process
+  c.envs.judge.rate_per_s = 0.0      # requests per second per process; 0 = unlimited
+  c.envs.judge.max_file_chars = 8000  # changed/produced files shown to the judge, cut to this budget
+  c.envs.judge.max_tokens = 256      # completion budget of one verdict
+  c.envs.judge.cache_dir = ""        # verdict cache by content hash on disk; "" = in-memory only
   c.envs.tool_output_chars = 42_000  # tool results are cut to this many characters (server side)
   c.envs.tool_time_limit_s = 20.0    # server-side limit of one tool call (returns a tool error)
   c.envs.client_timeout_s = 60.0     # client-side read timeout of one MCP request

@@ -31,6 +31,11 @@ class Task:
   rubric: tuple           # criteria dicts (envs.tasks.rubric), primary objective first
   oracle_steps: tuple     # tool calls {name, args, expect} that solve the task
   oracle_answer: str      # the oracle's final answer
+  # Tasks read from files (envs.source != "generated"; docs/own_environment.md) also carry:
+  world_dir: str = ""     # the world's folder (absolute); "" = generated world_id under worlds_root
+  expected_files: dict = dataclasses.field(default_factory=dict)  # {path: text} a reference output
+  tags: tuple = ()        # free labels (e.g. an APEX-Agents job or the task's origin)
+  weights: tuple = ()     # per-criterion reward weights (rubric order); () = equal
 
   def to_json(self) -> str:
     return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -40,6 +45,9 @@ class Task:
     d = json.loads(s)
     d["rubric"] = tuple(d["rubric"])
     d["oracle_steps"] = tuple(d["oracle_steps"])
+    for k in ("tags", "weights"):
+      if k in d:
+        d[k] = tuple(d[k])
     return cls(**d)
 
 

@@ -17,7 +17,7 @@ Types:
   event_count    n                             exactly n events were added
   chat_posted    channel, contains[]           a new message in the channel holds every item
   unchanged      path                          a file is byte-identical to before
-  judge          instruction                   a judge model decides (needs envs.judge_endpoint)
+  judge          instruction                   a judge model decides (needs envs.judge)
 Items in `contains` are {"number": v, "decimals": d} or {"text": s}.
 
 The world after the episode is the agent's work: an app file or document it left unreadable
@@ -50,7 +50,7 @@ class GradeResult:
 
 
 class JudgeUnavailable(RuntimeError):
-  """A judge criterion was graded without config.envs.judge_endpoint."""
+  """A judge criterion was graded without config.envs.judge.endpoint."""
 
 
 def numbers_in(text: str) -> list:
@@ -222,9 +222,9 @@ def _check(c: dict, answer: str, before: str, after: str, cfg) -> CriterionResul
 
 def _judge(c: dict, answer: str, cfg):
   """POSTs {instruction, answer} to the judge endpoint; expects {"pass": bool, "reason": str}."""
-  if not cfg.judge_endpoint:
-    raise JudgeUnavailable("judge criteria need config.envs.judge_endpoint")
-  req = urllib.request.Request(cfg.judge_endpoint, method="POST",
+  if not cfg.judge.endpoint:
+    raise JudgeUnavailable("judge criteria need config.envs.judge.endpoint")
+  req = urllib.request.Request(cfg.judge.endpoint, method="POST",
                                data=json.dumps(dict(instruction=c["instruction"],
                                                     answer=answer)).encode(),
                                headers={"Content-Type": "application/json"})
