@@ -50,6 +50,11 @@ class ModelConfig:
   attention_query_chunk: int = 0
   attention_causal_block: int = 0
   logits_chunk: int = 0
+  gdn_backward: str = "custom"
+  scan_unroll: int = 1
+  attention_impl: str = "auto"
+  moe_dispatch: str = "auto"
+  moe_block_size: int = 128
 
   def __post_init__(self):
     if len(self.layer_types) != self.num_hidden_layers:
@@ -64,8 +69,19 @@ class ModelConfig:
       raise ValueError("linear_num_value_heads must be a multiple of linear_num_key_heads")
     if self.use_moe and not 0 < self.num_experts_per_tok <= self.num_experts:
       raise ValueError("num_experts_per_tok must be in [1, num_experts]")
+    if self.moe_dispatch not in ("auto", "ragged_dot", "blocked"):
+      raise ValueError(f"moe_dispatch must be 'auto', 'ragged_dot' or 'blocked', got {self.moe_dispatch!r}")
+    if self.moe_block_size < 1:
+      raise ValueError(f"moe_block_size must be >= 1, got {self.moe_block_size}")
     if self.remat not in ("none", "full"):
       raise ValueError(f"remat must be 'none' or 'full', got {self.remat!r}")
+    if self.gdn_backward not in ("custom", "autodiff"):
+      raise ValueError(f"gdn_backward must be 'custom' or 'autodiff', got {self.gdn_backward!r}")
+    if self.scan_unroll < 0:
+      raise ValueError(f"scan_unroll must be >= 0 (0 = fully unrolled), got {self.scan_unroll}")
+    if self.attention_impl not in ("auto", "reference", "xla", "cudnn"):
+      raise ValueError("attention_impl must be 'auto', 'reference', 'xla' or 'cudnn', got "
+                       f"{self.attention_impl!r}")
     for name in ("param_dtype", "dtype"):
       if getattr(self, name) not in ("float32", "bfloat16", "float16", "float64"):
         raise ValueError(f"{name} must be float64, float32, bfloat16 or float16, got {getattr(self, name)!r}")
