@@ -19,6 +19,10 @@ Each trajectory ends with exactly one *outcome*. `ok` is a final answer; the oth
   tool_error        world    no        a tool returned an error (bad path, exception   (event only)
                                        inside the tool); the text goes to the model
 
+A judge criterion the judge could not decide (envs/judge.py: a malformed or failed reply after
+its retries) is the event `judge_error`: the criterion counts as not met, the episode keeps its
+outcome, and its grade details carry the count.
+
 Model-side failures below their budget (a malformed or unknown call that got a repair
 message, a tool error the model can react to) are *events*: counted per batch, never masking.
 
@@ -38,6 +42,7 @@ ENGINE_ERROR = "engine_error"
 WORLD_CRASH = "world_crash"
 HARNESS_BUG = "harness_bug"
 TOOL_ERROR = "tool_error"
+JUDGE_ERROR = "judge_error"
 
 # The fixed list, in reporting order.
 ERROR_CLASSES = (TOOL_TIMEOUT, TOOL_ERROR, BAD_TOOL_CALL, UNKNOWN_TOOL, CONTEXT_OVERFLOW,
@@ -52,7 +57,7 @@ GROUP_FATAL = (ENGINE_ERROR, WORLD_CRASH, HARNESS_BUG)
 GRADED = (OK, MAX_TURNS, BAD_TOOL_CALL, UNKNOWN_TOOL)
 # Events counted during an episode that do not end it.
 # A tool timeout is also an event, so that errors/tool_timeout counts every one.
-EVENTS = (TOOL_ERROR, TOOL_TIMEOUT, BAD_TOOL_CALL, UNKNOWN_TOOL, "repair", "nudge")
+EVENTS = (TOOL_ERROR, TOOL_TIMEOUT, BAD_TOOL_CALL, UNKNOWN_TOOL, "repair", "nudge", JUDGE_ERROR)
 
 
 class EpisodeError(Exception):
