@@ -89,3 +89,25 @@ class WorldInstance:
 
   def close(self):
     shutil.rmtree(self.path, ignore_errors=True)
+
+
+def remove_stale_copies(root: str, prefix: str) -> None:
+  """Removes the working copies `root/<prefix><pid>-...` whose process `pid` is gone (a killed
+  agent process cannot clean up after itself); copies of this process and of live ones stay."""
+  try:
+    names = os.listdir(root)
+  except OSError:
+    return
+  for n in names:
+    if not n.startswith(prefix):
+      continue
+    pid = n[len(prefix):].split("-", 1)[0]
+    if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+      p = os.path.join(root, n)
+      if os.path.isdir(p) and not os.path.islink(p):
+        shutil.rmtree(p, ignore_errors=True)
+      else:
+        try:
+          os.remove(p)
+        except OSError:
+          pass

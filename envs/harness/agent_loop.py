@@ -18,6 +18,7 @@ from typing import Any
 from envs.chat.format import ChatFormat
 from envs.harness import errors
 from envs.harness.errors import CallTimeout
+from envs.harness.errors import MalformedResult
 from envs.harness.errors import EpisodeError
 from envs.harness.errors import ToolTimeout
 from envs.harness.errors import WorldCrashed
@@ -219,6 +220,8 @@ def run_episode(episode: Episode, policy, fmt: ChatFormat, s: LoopSettings,
                                 s.tool_timeout_s, errors.TOOL_TIMEOUT, f"tool {call.name}")
           except WorldCrashed as e:
             raise EpisodeError(errors.WORLD_CRASH, f"during tool {call.name}: {e}") from e
+          except MalformedResult as e:
+            raise EpisodeError(errors.MALFORMED_RESULT, f"tool {call.name}: {e}") from e
           except EpisodeError as e:
             if e.outcome == errors.TOOL_TIMEOUT:
               events[errors.TOOL_TIMEOUT] += 1

@@ -16,6 +16,10 @@ Each trajectory ends with exactly one *outcome*. `ok` is a final answer; the oth
   world_crash       infra    yes       the world failed to start or its process died   group masked
   harness_bug       infra    yes       an unexpected exception in the harness, or the  group masked
                                        agent-loop process itself died
+  malformed_result  infra    yes       the world's server answered a tool call with    group masked
+                                       something that is not MCP: a line that is not
+                                       JSON-RPC, or a result of the wrong shape (an
+                                       external server's bug; the world is restarted)
   tool_error        world    no        a tool returned an error (bad path, exception   (event only)
                                        inside the tool); the text goes to the model
 
@@ -42,17 +46,20 @@ ENGINE_ERROR = "engine_error"
 WORLD_CRASH = "world_crash"
 HARNESS_BUG = "harness_bug"
 TOOL_ERROR = "tool_error"
+MALFORMED_RESULT = "malformed_result"
 JUDGE_ERROR = "judge_error"
 
 # The fixed list, in reporting order.
+# (New classes go last: batches record outcomes as indices into OUTCOMES.)
 ERROR_CLASSES = (TOOL_TIMEOUT, TOOL_ERROR, BAD_TOOL_CALL, UNKNOWN_TOOL, CONTEXT_OVERFLOW,
-                 MAX_TURNS, ENGINE_ERROR, WORLD_CRASH, EPISODE_TIMEOUT, HARNESS_BUG)
+                 MAX_TURNS, ENGINE_ERROR, WORLD_CRASH, EPISODE_TIMEOUT, HARNESS_BUG,
+                 MALFORMED_RESULT)
 OUTCOMES = (OK,) + tuple(c for c in ERROR_CLASSES if c != TOOL_ERROR)
 # Outcomes the model caused: the trajectory is valid training data.
 MODEL_OUTCOMES = (OK, CONTEXT_OVERFLOW, MAX_TURNS, BAD_TOOL_CALL, UNKNOWN_TOOL)
 TIMEOUTS = (TOOL_TIMEOUT, EPISODE_TIMEOUT)
 # Infrastructure failures that say nothing about the policy: the group is masked.
-GROUP_FATAL = (ENGINE_ERROR, WORLD_CRASH, HARNESS_BUG)
+GROUP_FATAL = (ENGINE_ERROR, WORLD_CRASH, HARNESS_BUG, MALFORMED_RESULT)
 # Outcomes that are graded against the world (the others get reward 0 and no grading).
 GRADED = (OK, MAX_TURNS, BAD_TOOL_CALL, UNKNOWN_TOOL)
 # Events counted during an episode that do not end it.
@@ -73,6 +80,10 @@ class EpisodeError(Exception):
 
 class WorldCrashed(Exception):
   """Raised by a world adapter when the world process is gone or its transport broke."""
+
+
+class MalformedResult(Exception):
+  """Raised by a world adapter when the server's answer to a tool call is not valid MCP."""
 
 
 class ToolTimeout(Exception):
