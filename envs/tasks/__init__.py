@@ -1,54 +1,20 @@
 """Tasks: generated per world, split into train and eval with no shared world and no shared prompt.
 
   tasks = load_split(config.envs, "eval")     # [Task], deterministic
+  tasks = load_tasks(config.envs, "eval")     # the configured source: generated, or envs.tasks_file
   src = TaskSource(tasks)                     # grain RandomAccessDataSource of JSON records
   result = grade(task, final_answer, before_dir, after_dir, config.envs)
 
 A Task carries its oracle (`oracle_steps`: tool calls {name, args, expect}, `oracle_answer`) so
 scripted policies and harness tests can replay a known-good episode through any transport.
 """
-import dataclasses
-import json
 import random
 
 from envs import worlds
 from envs.tasks import families
+from envs.tasks import task_file
 from envs.tasks.rubric import GradeResult, CriterionResult, JudgeUnavailable, grade  # noqa: F401
-
-SPLITS = ("train", "eval")
-
-
-@dataclasses.dataclass(frozen=True)
-class Task:
-  id: str                 # "<split>-<world_id>-<k>"
-  split: str              # train | eval
-  domain: str             # investment_banking | management_consulting | corporate_law
-  world_id: str           # rendered world directory name under envs.worlds_root
-  level: int              # 1 single lookup, 2 chained lookups + arithmetic, 3 plus an app action
-  family: str             # generator family (xlsx_lookup, growth, email_figure, ...)
-  prompt: str             # the user message
-  input_files: dict       # {path under files/: text} placed in the world before the episode
-  rubric: tuple           # criteria dicts (envs.tasks.rubric), primary objective first
-  oracle_steps: tuple     # tool calls {name, args, expect} that solve the task
-  oracle_answer: str      # the oracle's final answer
-  # Tasks read from files (envs.source != "generated"; docs/own_environment.md) also carry:
-  world_dir: str = ""     # the world's folder (absolute); "" = generated world_id under worlds_root
-  expected_files: dict = dataclasses.field(default_factory=dict)  # {path: text} a reference output
-  tags: tuple = ()        # free labels (e.g. an APEX-Agents job or the task's origin)
-  weights: tuple = ()     # per-criterion reward weights (rubric order); () = equal
-
-  def to_json(self) -> str:
-    return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
-  @classmethod
-  def from_json(cls, s: str) -> "Task":
-    d = json.loads(s)
-    d["rubric"] = tuple(d["rubric"])
-    d["oracle_steps"] = tuple(d["oracle_steps"])
-    for k in ("tags", "weights"):
-      if k in d:
-        d[k] = tuple(d[k])
-    return cls(**d)
+from envs.tasks.task import SPLITS, Task  # noqa: F401
 
 
 def split_worlds(envs_cfg) -> dict:
@@ -89,6 +55,23 @@ def load_split(envs_cfg, split: str) -> list:
                           oracle_answer=c["oracle"]["answer"]))
   return tasks
 
+
+def load_tasks(envs_cfg, split: str) -> list:
+  """The tasks of a split from the configured source, the one entry point of every caller:
+  envs.tasks_file = "" gives the generated tasks (exactly `load_split`); otherwise the tasks of
+  that file (a JSONL task file or an APEX-Agents/Archipelago folder; envs.tasks_format) whose
+  split is `split`, in file order (envs/tasks/task_file.py, docs/own_environment.md)."""
+  if split not in SPLITS:
+    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+  if not envs_cfg.tasks_file:
+    return load_split(envs_cfg, split)
+  return task_file.split_of(task_file.file_tasks(envs_cfg), split, envs_cfg.tasks_file)
+
+
+def uses_generated_worlds(envs_cfg) -> bool:
+  """Whether the configured tasks (either split) need the generated worlds rendered
+  (worlds.ensure_worlds): always for the generated tasks, else when a file task names one."""
+  return not envs_cfg.tasks_file or task_file.needs_generated_worlds(task_file.file_tasks(envs_cfg))
 
 class TaskSource:
   """A grain RandomAccessDataSource: records are Task JSON strings (decode with Task.from_json)."""
