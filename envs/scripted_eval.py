@@ -202,7 +202,9 @@ def main(config, flags=None, split=None):
   policy = config.policy
   if policy not in POLICIES:
     raise ValueError(f"config.policy must be one of {POLICIES}, got {policy!r}")
-  if policy == "model":
+  # Tasks read from envs.tasks_file run through the harness whatever the policy (the scripted
+  # eval below knows only the generated worlds).
+  if policy == "model" or config.envs.tasks_file:
     return harness_eval.main(config, flags, split)
   style = shell_tools.check_style(config.harness.style)
   envs_cfg = config.envs

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs import eval_summary
+from envs import tasks as tasks_lib
 from envs import worlds
 from models import sharding
 from rl import distributed
@@ -170,7 +171,8 @@ def run_rl(config, flags=None) -> dict:
   rdir = run_dir(config)
   os.makedirs(rdir, exist_ok=True)
   metrics = Metrics(rdir, config.loop.tensorboard)
-  worlds.ensure_worlds(config.envs)
+  if tasks_lib.uses_generated_worlds(config.envs):  # tasks from files may bring their own
+    worlds.ensure_worlds(config.envs)
   step_fn = TrainStep(config, sharding.make_mesh(config.mesh))
   ckpt = Checkpointer.from_config(config)
   start_step, state, meta = restore_or_start(config, step_fn, ckpt, metrics)

@@ -19,6 +19,7 @@ import time
 
 from envs import eval_summary
 from envs import worlds
+from envs.tasks import task_file
 from rl.metrics import quiet_logs
 from rl.metrics import write_json
 from rl.rollout import capacity
@@ -34,7 +35,8 @@ _SEED_OFFSET = 1_000_003
 
 def measure(config, tasks, samples: int) -> dict:
   """task id -> pass rate over `samples` rollouts of the starting policy."""
-  worlds.ensure_worlds(config.envs)
+  if task_file.needs_generated_worlds(tasks):  # tasks from files may bring their own worlds
+    worlds.ensure_worlds(config.envs)
   with served_policy(config, start_params(config)) as (_, cfg, pool):
     eps = make_episodes(tasks, cfg, samples, seed_offset=_SEED_OFFSET)
     results = run_pool(pool, eps, cfg, "train pass rates")

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from envs import tasks as tasks_lib
 from envs import worlds
 from envs.chat import hf_export
 from envs.chat.tokenizer import from_config as tokenizer_from_config
@@ -26,6 +27,7 @@ from envs.chat.tokenizer import ordinary_id_range
 from envs.harness.batch import collate
 from envs.harness.oracle import oracle_factory
 from envs.harness.pool import AgentPool
+from envs.tasks import task_file
 from models import qwen3_5
 from rl import distributed
 from rl.metrics import Metrics
@@ -251,6 +253,20 @@ def collect_oracle(config, tasks) -> list:
     return run_pool(pool, eps, config, "oracle episodes")
 
 
+def check_oracles(config, tasks) -> None:
+  """SFT replays each task's oracle: tasks without one (most tasks read from envs.tasks_file,
+  all of an APEX-Agents folder) cannot be trained on, and neither --mode=sft nor --mode=rl's SFT
+  warm start runs on them."""
+  missing = [t.id for t in tasks if not task_file.has_oracle(t)]
+  if missing:
+    raise ValueError(
+        f"SFT replays the tasks' oracle, and {len(missing)} of the {len(tasks)} SFT tasks have "
+        f"none (e.g. {missing[:3]}): tasks read from envs.tasks_file="
+        f"{config.envs.tasks_file!r} (envs.source={config.envs.source!r}) carry an oracle only "
+        "when their file gives one. Run RL without the SFT warm start, from train.init_from: "
+        "--config.loop.sft_first=False (or --config.sft.steps=0)")
+
+
 def sft_dir(config) -> str:
   return config.sft.dir or os.path.join(run_dir(config), "sft")
 
@@ -258,8 +274,10 @@ def sft_dir(config) -> str:
 def run_sft(config, metrics: Optional[Metrics] = None):
   """Oracle data -> SFT from the random init -> params saved to runs/<name>/sft."""
   t0 = time.monotonic()
-  worlds.ensure_worlds(config.envs)
   tasks = select_tasks(config, "train", config.sft.levels, config.sft.max_tasks)
+  check_oracles(config, tasks)
+  if tasks_lib.uses_generated_worlds(config.envs):  # tasks from files may bring their own
+    worlds.ensure_worlds(config.envs)
   print(f"SFT: {len(tasks)} oracle episodes (train split, levels {tuple(config.sft.levels)})",
         flush=True)
   results = collect_oracle(config, tasks)

@@ -22,9 +22,11 @@ from envs.harness.tool_subset import ToolSubsetSpec
 
 def select_tasks(config, split: str, levels: Sequence[int], max_tasks: int = 0,
                  families: Sequence[str] = ()) -> list:
-  """The tasks of `split` whose level is in `levels` (and family in `families`, when given), in
-  the split's fixed order."""
-  out = [t for t in tasks_lib.load_split(config.envs, split) if t.level in tuple(levels)]
+  """The tasks of `split` (envs.tasks.load_tasks: generated, or those of envs.tasks_file) whose
+  level is in `levels` (tasks without a level, level 0, always) and family in `families`, when
+  given, in the split's fixed order."""
+  out = [t for t in tasks_lib.load_tasks(config.envs, split)
+         if t.level in tuple(levels) or not t.level]
   if families:
     known = sorted({t.family for t in out})
     unknown = sorted(set(families) - set(known))

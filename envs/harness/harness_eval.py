@@ -31,6 +31,7 @@ from envs.harness.oracle import oracle_factory
 from envs.harness.policy import Action
 from envs.harness.policy import ScriptedPolicy
 from envs.harness.pool import AgentPool
+from envs.tasks import task_file
 
 
 class NullPolicy(ScriptedPolicy):
@@ -85,11 +86,13 @@ def main(config, flags=None, split=None):
   order; None = every episode here."""
   del flags
   t0 = time.monotonic()
-  tasks = tasks_lib.load_split(config.envs, config.eval.split)
+  tasks = tasks_lib.load_tasks(config.envs, config.eval.split)
   if config.eval.max_tasks:
     tasks = tasks[:config.eval.max_tasks]
   factory = policy_factory(config, tasks)  # fails fast (no server) before rendering worlds
-  root = worlds.ensure_worlds(config.envs)
+  # Tasks read from files may each bring their own world folder (Task.world_dir).
+  root = (worlds.ensure_worlds(config.envs) if task_file.needs_generated_worlds(tasks)
+          else config.envs.worlds_root)
   episodes = task_episodes(tasks, config, worlds_root=root)
   print(f"worlds ready in {root} ({time.monotonic() - t0:.1f}s); split={config.eval.split} "
         f"tasks={len(tasks)} policy={config.policy} through the harness, "

@@ -315,11 +315,15 @@ def read_folder(root: str, cache_root: str) -> list:
       seen.setdefault(tid, i)
     if not found:
       wid = row["world_id"]
-      try:
-        if wid not in snapshots:
+      if wid not in snapshots:  # the world's snapshot folder, or what is wrong with it
+        try:
           snapshots[wid] = world_snapshot(root, wid, cache_root)
-      except (FileNotFoundError, ArchipelagoFormatError, zipfile.BadZipFile) as e:
-        found.append(("world_id", str(e).splitlines()[0]))
+        except ArchipelagoFormatError as e:
+          snapshots[wid] = ArchipelagoFormatError(root, ["; ".join(e.problems)])
+        except (FileNotFoundError, zipfile.BadZipFile) as e:
+          snapshots[wid] = ArchipelagoFormatError(root, [f"{type(e).__name__}: {e}"])
+      if isinstance(snapshots[wid], ArchipelagoFormatError):
+        found.append(("world_id", snapshots[wid].problems[0]))
     task_dir = os.path.join(root, TASK_FILES, tid) if isinstance(tid, str) else ""
     if not found and row.get("task_input_files") and not os.path.isdir(task_dir):
       found.append(("task_input_files", f"is set but {task_dir} does not exist"))

@@ -164,3 +164,19 @@ def test_tiny_config_variants_build_the_base_in_two_stages_on_content_copy_rows(
   assert base_v.sft.export_hf == tiny_cpu.get_config().train.init_from
   with pytest.raises(ValueError, match="'base' or 'copy'"):
     tiny_cpu.get_config("large")
+
+
+def test_sft_on_tasks_without_an_oracle_is_refused_before_any_world_is_rendered(tmp_path):
+  (tmp_path / "world").mkdir()
+  (tmp_path / "tasks.jsonl").write_text(json.dumps(dict(
+      id="mine", split="train", prompt="p", domain="d", world_dir="world",
+      rubric=[{"type": "judge", "instruction": "ok"}])) + "\n")
+  c = tiny_cpu.get_config()
+  with c.unlocked():
+    c.envs.tasks_file = str(tmp_path / "tasks.jsonl")
+    c.envs.worlds_root = str(tmp_path / "worlds")
+    c.workdir = str(tmp_path / "runs")
+  with pytest.raises(ValueError, match=r"1 of the 1 SFT tasks have none \(e.g. \['mine'\]\).*"
+                     r"envs.tasks_file=.*--config.loop.sft_first=False"):
+    sft.run_sft(c)
+  assert not os.path.exists(c.envs.worlds_root)

@@ -75,3 +75,18 @@ def test_train_pool_filter_names_each_bad_setting(tmp_path):
   c.loop.train_pass_range = (0.8, 0.2)
   with pytest.raises(ValueError, match="lo <= hi"):
     task_data.train_pool(c)
+
+
+def test_tasks_from_a_file_without_a_level_pass_every_level_filter(tmp_path):
+  world = tmp_path / "world"
+  world.mkdir()
+  lines = [dict(id=f"t{i}", split="train", prompt="p", domain="d", world_dir="world",
+                rubric=[{"type": "judge", "instruction": "ok"}], **extra)
+           for i, extra in enumerate([{}, {"level": 2}, {"level": 1}, {"family": "memo"}])]
+  path = tmp_path / "tasks.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+  c = tiny_cpu.get_config()
+  with c.unlocked():
+    c.envs.tasks_file = str(path)
+  assert [t.id for t in task_data.select_tasks(c, "train", (1,))] == ["t0", "t2", "t3"]
+  assert [t.id for t in task_data.select_tasks(c, "train", (2,), families=("memo",))] == ["t3"]
