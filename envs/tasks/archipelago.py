@@ -1,4 +1,4 @@
-"""APEX-Agents / Archipelago tasks: a folder laid out as the mercor/apex-agents dataset, read as Tasks.
+"""APEX-Agents / Archipelago tasks: a folder laid out as the mercor/apex-agents dataset, as Tasks.
 
   tasks = read_folder("/data/apex-agents", cache_root="runs/worlds")   # [Task], file order
 
@@ -19,7 +19,8 @@ The layout (the dataset's own file and field names, kept as they are):
                        and tag "expected_output:<...>")
       gold_response    the experts' reference output (Task.expected_files["gold_response"])
       gold_response_type  "text" | "file" (tag)
-  world_descriptions.json       optional, a JSON array: world_id, world_name, world_description, apps
+  world_descriptions.json       optional, a JSON array: world_id, world_name, world_description,
+                                apps
   world_files_zipped/<world_id>.zip   the world snapshot: filesystem/ (the files) and .apps_data/
                                 (the apps' data: mail, chat, calendar)
   task_files/<task_id>/         per-task input files, overlaid on the world snapshot: filesystem/,
@@ -113,8 +114,8 @@ def _snapshot_root(folder: str) -> str:
   subs = [e for e in os.listdir(folder) if os.path.isdir(os.path.join(folder, e))]
   if len(subs) == 1 and any(os.path.isdir(os.path.join(folder, subs[0], s)) for s in SUBSYSTEMS):
     return os.path.join(folder, subs[0])
-  raise ArchipelagoFormatError(folder, [f"{folder}: a world snapshot holds {' or '.join(SUBSYSTEMS)}"
-                                        ", and this one holds neither"])
+  raise ArchipelagoFormatError(folder, [
+      f"{folder}: a world snapshot holds {' or '.join(SUBSYSTEMS)}, and this one holds neither"])
 
 
 def _build_once(final: str, build) -> str:
@@ -209,7 +210,7 @@ def file_text(path: str) -> str:
     rows = ["\t".join(c.text for c in r.cells) for t in d.tables for r in t.rows]
     return "\n".join([p.text for p in d.paragraphs] + rows)
   if low.endswith(".pptx"):
-    from pptx import Presentation  # lazy: document library, only for a reference file of that format
+    from pptx import Presentation  # lazy: document library, for a reference file of that format
     return "\n\n".join(
         f"[slide {i}]\n" + "\n".join(sh.text_frame.text for sh in s.shapes if sh.has_text_frame)
         for i, s in enumerate(Presentation(path).slides, 1))
@@ -254,7 +255,7 @@ def _task_problems(row, worlds: dict) -> list:
     out.append(("rubric", "missing" if "rubric" not in row else "must be a non-empty list"))
   else:
     for i, c in enumerate(rubric):
-      if not isinstance(c, dict) or not isinstance(c.get("criteria"), str) or not c["criteria"].strip():
+      if not (isinstance(c, dict) and isinstance(c.get("criteria"), str) and c["criteria"].strip()):
         out.append((f"rubric[{i}]", "must be an object with a non-empty 'criteria' string"))
   if row.get("split", "eval") not in SPLITS:
     out.append(("split", f"must be one of {SPLITS}, got {row.get('split')!r}"))
@@ -297,7 +298,8 @@ def read_folder(root: str, cache_root: str) -> list:
   root = os.path.abspath(root)
   index = os.path.join(root, TASKS_INDEX)
   if not os.path.isfile(index):
-    raise FileNotFoundError(f"{root} is not an APEX-Agents/Archipelago task folder: no {TASKS_INDEX}")
+    raise FileNotFoundError(f"{root} is not an APEX-Agents/Archipelago task folder: no "
+                            f"{TASKS_INDEX}")
   rows = _read_array(index)
   worlds_path = os.path.join(root, WORLDS_INDEX)
   worlds = {}

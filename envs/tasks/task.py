@@ -15,7 +15,7 @@ class Task:
   split: str              # train | eval
   domain: str             # investment_banking | management_consulting | corporate_law
   world_id: str           # rendered world directory name under envs.worlds_root
-  level: int              # 1 one lookup, 2 chained lookups + arithmetic, 3 plus an app action; 0 none
+  level: int              # 1 lookup, 2 chained lookups + arithmetic, 3 plus an app action; 0 none
   family: str             # generator family (xlsx_lookup, growth, email_figure, ...)
   prompt: str             # the user message
   input_files: dict       # {path under files/: text} placed in the world before the episode

@@ -1,11 +1,12 @@
 """Tasks read from files: the JSONL task format, and the reading of envs.tasks_file.
 
-  write_jsonl(tasks, "tasks.jsonl")                # export (generated tasks included)
-  tasks = read_jsonl("tasks.jsonl")                # validated; Task objects equal to the exported ones
-  every = file_tasks(config.envs)                  # envs.tasks_file, JSONL or APEX-Agents folder
+  write_jsonl(tasks, "tasks.jsonl")     # export (generated tasks included)
+  tasks = read_jsonl("tasks.jsonl")     # validated; Task objects equal to the exported ones
+  every = file_tasks(config.envs)       # envs.tasks_file, JSONL or APEX-Agents folder
 
 Callers take tasks through `envs.tasks.load_tasks(config.envs, split)`. Export of the generated
-tasks: `python scripts/export_tasks.py --config=configs/tiny_cpu.py --out=tasks.jsonl [--split=eval]`.
+tasks: `python scripts/export_tasks.py --config=configs/tiny_cpu.py --out=tasks.jsonl`
+(docs/own_environment.md).
 
 The JSONL format: one JSON object per line (blank lines are allowed), one task each.
 
@@ -16,11 +17,11 @@ The JSONL format: one JSON object per line (blank lines are allowed), one task e
   world_id        str: a generated world (e.g. "in03"; must exist under the run's envs.* settings)
   world_dir       str: a folder of files that is the world; a relative path is resolved against the
                   JSONL file's folder and stored absolute. Exactly one of world_id / world_dir.
-  rubric          list, required, non-empty: criteria, primary objective first. Each is either a
-                  programmatic check of envs/tasks/rubric.py ({"type": "answer_number", "value": 12.5,
-                  "decimals": 1}, ...; see REQUIRED_PARAMS) or {"type": "judge", "instruction": "<a
-                  natural-language criterion>"}, which a judge model decides. Any criterion may carry a
-                  "description"; other keys are kept as they are.
+  rubric          list, required, non-empty: criteria, primary objective first. Each is either
+                  a programmatic check of envs/tasks/rubric.py ({"type": "answer_number",
+                  "value": 12.5, "decimals": 1}, ...; see REQUIRED_PARAMS) or {"type": "judge",
+                  "instruction": "<a natural-language criterion>"}, which a judge model decides.
+                  Any criterion may carry a "description"; other keys are kept as they are.
   weights         list of numbers >= 0, optional: per-criterion reward weights in rubric order (same
                   length, positive sum); absent = equal weights
   tags            list of str, optional: free labels
@@ -28,9 +29,9 @@ The JSONL format: one JSON object per line (blank lines are allowed), one task e
                   (loop.levels, loop.eval_levels, sft.levels) keep level-0 tasks always
   family          str, optional: a grouping label (generated tasks: their generator family)
   input_files     {path: text}, optional: files placed in the world before the episode
-  expected_files  {path: text}, optional: a reference output (the files a correct episode leaves, or,
-                  under the key "gold_response", a reference final answer). They are never shown to
-                  the agent: a judge sees them as the reference when it decides `judge` criteria.
+  expected_files  {path: text}, optional: a reference output (the files a correct episode
+                  leaves, or, under the key "gold_response", a reference final answer). Never
+                  shown to the agent: a judge sees them as the reference for `judge` criteria.
   oracle          {"steps": [{"name", "args", "expect"}], "answer": str}, optional: tool calls that
                   solve the task and the final answer (replayed by the oracle policy and the SFT
                   warm start). Generated tasks carry one; most tasks written by hand do not.
@@ -49,7 +50,7 @@ from envs.tasks.task import SPLITS, Task
 
 FORMATS = ("auto", "jsonl", "archipelago")
 # The key of expected_files holding a reference final answer (not a file).
-GOLD_RESPONSE_KEY = "gold_response"
+GOLD_RESPONSE_KEY = archipelago.GOLD_RESPONSE_KEY
 
 # Criterion type -> {required parameter: accepted JSON types}, for every type rubric.check grades.
 _NUM = (int, float)
@@ -215,8 +216,8 @@ def _record_problems(rec: dict, base_dir: str) -> list:
     else:
       steps = o.get("steps", [])
       if not isinstance(steps, list) or not all(
-          isinstance(s, dict) and isinstance(s.get("name"), str) and isinstance(s.get("args", {}), dict)
-          for s in steps):
+          isinstance(s, dict) and isinstance(s.get("name"), str)
+          and isinstance(s.get("args", {}), dict) for s in steps):
         out.append(("oracle.steps", "must be a list of tool calls {\"name\": str, \"args\": {...}, "
                     "\"expect\": [...]}"))
       if not isinstance(o.get("answer", ""), str):

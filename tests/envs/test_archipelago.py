@@ -55,7 +55,8 @@ def test_each_apex_task_becomes_a_task_with_judge_criteria_and_its_world_snapsho
   assert [t.domain for t in tasks] == ["investment_banking", "law"]
   # The world snapshot as the zip holds it: the files and the apps' data.
   plain = _files(tasks[0].world_dir)
-  with zipfile.ZipFile(os.path.join(FIXTURE, "world_files_zipped", rows[0]["world_id"] + ".zip")) as z:
+  zpath = os.path.join(FIXTURE, "world_files_zipped", rows[0]["world_id"] + ".zip")
+  with zipfile.ZipFile(zpath) as z:
     assert plain == {n: z.read(n).decode() for n in z.namelist()}
   # The task with input files runs in the snapshot with them overlaid; the snapshot is unchanged.
   with_inputs = _files(tasks[1].world_dir)

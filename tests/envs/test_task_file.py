@@ -133,7 +133,8 @@ BAD_LINES = [
 
 @pytest.mark.parametrize("rec,field,words", BAD_LINES,
                          ids=[f"{f}:{w[:24]}" for _, f, w in BAD_LINES])
-def test_each_invalid_record_is_reported_with_its_line_and_field(rec, field, words, tmp_path, world):
+def test_each_invalid_record_is_reported_with_its_line_and_field(rec, field, words, tmp_path,
+                                                                 world):
   path = _write_lines(tmp_path / "tasks.jsonl", [_record(id="good"), "", rec])
   with pytest.raises(task_file.TaskFileError) as e:
     task_file.read_jsonl(path)
@@ -184,7 +185,8 @@ def test_load_tasks_gives_a_files_split_in_file_order_and_names_an_empty_split(t
   assert [t.id for t in tasks_lib.load_tasks(envs_cfg, "train")] == ["a"]
   assert not tasks_lib.uses_generated_worlds(envs_cfg)
   only_eval = _cfg(_write_lines(tmp_path / "eval_only.jsonl", [_record()]))
-  with pytest.raises(ValueError, match=r"no 'train' task \(tasks per split: \{'train': 0, 'eval': 1\}"):
+  with pytest.raises(ValueError,
+                     match=r"no 'train' task \(tasks per split: \{'train': 0, 'eval': 1\}"):
     tasks_lib.load_tasks(only_eval, "train")
 
 
