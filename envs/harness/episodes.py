@@ -10,10 +10,16 @@ leaves the world suspect (a timeout, a crash), in which case it is killed.
 `config.harness.style` picks the tools the gateway serves: "mcp", the app tools, or "shell",
 bash, read, write, edit, glob and grep over the world's folder (envs.apps.shell_tools; its
 episodes carry a system prompt that describes the workspace). Grading is the same either way.
+
+The world of a task is worlds_root/world_id, or the task's own folder when Task.world_dir is
+set (tasks read from files, in a folder with the same files/ + apps/ layout). `task_episodes`
+follows config.envs.source: "generated" (these gateway worlds) or an external MCP server,
+"mcp_stdio" | "mcp_http" (envs.harness.mcp_worlds).
 """
 import dataclasses
+import hashlib
 import os
-import shutil
+import re
 import tempfile
 from typing import Any
 
@@ -23,6 +29,9 @@ from envs import tasks as tasks_lib
 from envs.apps import shell_tools
 from envs.apps.gateway import Gateway
 from envs.apps.worldstate import WorldInstance
+from envs.apps.worldstate import remove_stale_copies
+from envs.harness import mcp_worlds
+from envs.harness.errors import MalformedResult
 from envs.harness.errors import ToolTimeout
 from envs.harness.errors import WorldCrashed
 from envs.harness.world import Episode
@@ -33,8 +42,9 @@ from envs.harness.world import register_exit_hook
 # Gateway error kinds that mean the gateway itself is gone or wedged, not a tool failure.
 _CRASH_KINDS = ("gateway_crash",)
 _TIMEOUT_KINDS = ("client_timeout",)
+_MALFORMED_KINDS = ("malformed_result",)
 
-# Per-process cache of started worlds: (world_id, style) -> (WorldInstance, Gateway, tools,
+# Per-process cache of started worlds: (world key, style) -> (WorldInstance, Gateway, tools,
 # gateway pid). One agent loop per process, so at most one entry is live at a time.
 _CACHE: dict[tuple[str, str], tuple[Any, Any]] = {}
 
@@ -64,7 +74,8 @@ class GatewayWorldSpec:
     _once_per_process(work_root)
     task = tasks_lib.Task.from_json(self.task_json)
     cfg = ml_collections.ConfigDict(self.envs_cfg)
-    key = (task.world_id, self.style)
+    src = mcp_worlds.world_source(task, self.worlds_root)
+    key = (src, self.style)
     for k in [k for k in _CACHE if k != key]:
       _drop(k)
     if key in _CACHE:
@@ -78,8 +89,9 @@ class GatewayWorldSpec:
         return world
       except Exception:  # noqa: BLE001 - a broken cached world is replaced below
         _close(inst, gw)
-    work = os.path.join(work_root, f"{_PREFIX}{os.getpid()}-{task.world_id}")
-    inst = WorldInstance(os.path.join(self.worlds_root, task.world_id), work)
+    name = task.world_id if not task.world_dir else _slug(task.world_dir)
+    work = os.path.join(work_root, f"{_PREFIX}{os.getpid()}-{name}")
+    inst = WorldInstance(src, work)
     try:
       inst.reset(task.input_files)
       gw = Gateway(inst.path, cfg, self.style)
@@ -130,6 +142,8 @@ class GatewayWorld:
       raise WorldCrashed(f"gateway process for {self.task.world_id} is gone ({r.text[:200]})")
     if r.is_error and r.error_kind in _TIMEOUT_KINDS:
       raise ToolTimeout(r.text)
+    if r.is_error and r.error_kind in _MALFORMED_KINDS:
+      raise MalformedResult(r.text)
     return ToolResult(r.text, r.is_error)
 
   def grade(self, final_answer: str) -> Grade:
@@ -139,7 +153,7 @@ class GatewayWorld:
 
   def close(self, reuse: bool = False) -> None:
     if reuse:
-      _CACHE[(self.task.world_id, self.style)] = (self.inst, self.gw, self._tools, self._pid)
+      _CACHE[(self.inst.pristine, self.style)] = (self.inst, self.gw, self._tools, self._pid)
     else:
       _close(self.inst, self.gw)
 
@@ -174,16 +188,13 @@ def _once_per_process(work_root: str) -> None:
     return
   _STARTED.add(work_root)
   register_exit_hook(release_all)
-  try:
-    names = os.listdir(work_root)
-  except OSError:
-    return
-  for n in names:
-    if not n.startswith(_PREFIX):
-      continue
-    pid = n[len(_PREFIX):].split("-", 1)[0]
-    if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
-      shutil.rmtree(os.path.join(work_root, n), ignore_errors=True)
+  remove_stale_copies(work_root, _PREFIX)
+
+
+def _slug(path: str) -> str:
+  """A file-name-safe label of a world folder, unique per folder."""
+  base = re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.basename(os.path.normpath(path)))[:40]
+  return f"{base}-{hashlib.sha1(os.path.realpath(path).encode()).hexdigest()[:8]}"
 
 
 def release_all() -> None:
@@ -209,21 +220,33 @@ def _drop(key: tuple[str, str]) -> None:
 
 def task_episodes(tasks, config, samples_per_task: int = 1, first_group: int = 0,
                   worlds_root: str | None = None, work_root: str = "") -> list[Episode]:
-  """Episodes for a list of envs.tasks.Task: `samples_per_task` per task, one group each, in
-  worlds serving the tools of config.harness.style."""
+  """Episodes for a list of envs.tasks.Task: `samples_per_task` per task, one group each.
+
+  With config.envs.source "generated" the worlds serve the tools of config.harness.style; with
+  "mcp_stdio" / "mcp_http" they are external MCP servers (envs.harness.mcp_worlds), whose tools
+  are their own (harness.style does not apply).
+  """
+  source = config.envs.source
+  if source != "generated" and source not in mcp_worlds.SOURCES:
+    raise ValueError(f"envs.source must be one of ('generated',) + {mcp_worlds.SOURCES}, "
+                     f"got {source!r}")
   style = shell_tools.check_style(config.harness.style)
-  system_prompt = shell_tools.SYSTEM_PROMPT if style == "shell" else ""
+  system_prompt = shell_tools.SYSTEM_PROMPT if style == "shell" and source == "generated" else ""
   envs_dict = config.envs.to_dict()
   root = os.path.abspath(worlds_root or config.envs.worlds_root)
   out = []
   for g, task in enumerate(tasks):
-    spec = GatewayWorldSpec(task.to_json(), envs_dict, root, work_root,
-                            float(config.harness.tool_timeout_s), style)
+    if source == "generated":
+      spec = GatewayWorldSpec(task.to_json(), envs_dict, root, work_root,
+                              float(config.harness.tool_timeout_s), style)
+    else:
+      spec = mcp_worlds.world_spec(task, config, root, work_root)
     for k in range(samples_per_task):
       out.append(Episode(task_id=task.id, prompt=task.prompt, world=spec,
                          group_id=first_group + g, sample_index=k,
                          system_prompt=system_prompt,
                          seed=(config.seed * 1_000_003 + (first_group + g) * 1009 + k),
                          meta={"domain": task.domain, "level": task.level,
-                               "family": task.family, "world_id": task.world_id}))
+                               "family": task.family,
+                               "world_id": mcp_worlds.world_key(task)}))
   return out
