@@ -252,7 +252,7 @@ def read_jsonl(path: str) -> list:
   base_dir = os.path.dirname(os.path.abspath(path))
   problems, tasks, first_line = [], [], {}
   with open(path, encoding="utf-8") as f:
-    lines = f.read().splitlines()
+    lines = f.read().split("\n")  # not splitlines: a JSON string may hold U+2028 as it is
   for n, line in enumerate(lines, 1):
     if not line.strip():
       continue

@@ -1,5 +1,6 @@
 """Tasks from JSONL files: the round trip of generated tasks, every validation error, the
 dispatch of load_tasks, relative world folders."""
+import dataclasses
 import json
 import os
 import shutil
@@ -83,6 +84,15 @@ def test_a_hand_written_task_reads_with_defaults_and_its_world_folder_made_absol
   assert (t.level, t.family, t.oracle_steps, t.oracle_answer) == (0, "", (), "")
   assert t.weights == (3, 1) and t.tags == ("mine",) and t.rubric[1]["type"] == "judge"
   assert not task_file.has_oracle(t)
+
+
+def test_text_with_line_separators_and_non_ascii_survives_the_round_trip(tmp_path, world):
+  path = _write_lines(tmp_path / "tasks.jsonl", [_record()])
+  (t,) = task_file.read_jsonl(path)
+  odd = dataclasses.replace(t, prompt="Résumé\u2028of Q3\u2029\x1c— 42 €\nnext line",
+                            input_files={"notes/ü.txt": "a\rb\u0085c"})
+  task_file.write_jsonl([odd], path)
+  assert task_file.read_jsonl(path) == [odd]
 
 
 def test_relative_world_dir_resolves_against_the_files_folder_not_the_working_dir(tmp_path,
