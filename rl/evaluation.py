@@ -13,6 +13,7 @@ from __future__ import annotations
 from envs import eval_summary
 from envs import scripted_eval
 from rl import distributed
+from rl import judge_server
 from rl.rollouts import run_pool
 from rl.task_data import make_episodes
 
@@ -109,6 +110,9 @@ def _paired(out: dict) -> str:
 def main_eval(config, flags=None) -> dict:
   """--mode=eval: a scripted policy or a checkpoint over the eval tasks. In a job of several
   processes each runs its block of the tasks on its own worlds (and engine) and every one pools
-  the outcomes, so the summary is the single-process run's; process 0 prints it."""
+  the outcomes, so the summary is the single-process run's; process 0 prints it. With
+  envs.judge.checkpoint set and no envs.judge.endpoint, the judge is served for the eval
+  (rl/judge_server.py)."""
   split = distributed.work_split("eval", float(config.distributed.exchange_timeout_s))
-  return scripted_eval.main(config, flags, split=split)
+  with judge_server.judged(config) as cfg:
+    return scripted_eval.main(cfg, flags, split=split)

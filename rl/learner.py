@@ -25,10 +25,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs import eval_summary
+from envs import judge as judge_lib
 from envs import tasks as tasks_lib
 from envs import worlds
 from models import sharding
 from rl import distributed
+from rl import judge_server
 from rl.batch import build_batch
 from rl.batch import check_batch_shape
 from rl.checkpoint import Checkpointer
@@ -173,18 +175,22 @@ def run_rl(config, flags=None) -> dict:
   metrics = Metrics(rdir, config.loop.tensorboard)
   if tasks_lib.uses_generated_worlds(config.envs):  # tasks from files may bring their own
     worlds.ensure_worlds(config.envs)
+  train_tasks = train_pool(config)
+  eval_tasks = select_tasks(config, "eval", config.loop.eval_levels, config.loop.eval_max_tasks)
+  if not config.envs.judge.checkpoint:  # else the judge served below fills the endpoint
+    # Judge criteria without a judge: fail before SFT and rollouts, not at the first grade.
+    judge_lib.require(train_tasks + eval_tasks, config.envs.judge)
   step_fn = TrainStep(config, sharding.make_mesh(config.mesh))
   ckpt = Checkpointer.from_config(config)
   start_step, state, meta = restore_or_start(config, step_fn, ckpt, metrics)
-  train_tasks = train_pool(config)
-  eval_tasks = select_tasks(config, "eval", config.loop.eval_levels, config.loop.eval_max_tasks)
   stream = TaskStream(train_tasks, config.seed, meta.get("data_position", 0))
   summary_path = os.path.join(rdir, "summary.json")
   summary = dict(meta.get("summary") or {})
   try:
     # The engine copies the weights device to device (rl/rollout/engine.py, _place).
-    with served_policy(config, distributed.host_copy(state["params"]), start_step) as (
-        server, cfg, pool):
+    # Graders reach a judge served from envs.judge.checkpoint through judged's config copy.
+    with judge_server.judged(config) as judged_cfg, served_policy(
+        judged_cfg, distributed.host_copy(state["params"]), start_step) as (server, cfg, pool):
       if "before_rl" not in summary:
         s = evaluate(pool, cfg, eval_tasks, 0, "before RL")
         summary["before_rl"] = s

@@ -15,6 +15,7 @@ import time
 import traceback
 from typing import Any
 
+from envs import judge as judge_lib
 from envs.chat.format import ChatFormat
 from envs.harness import errors
 from envs.harness.errors import CallTimeout
@@ -120,8 +121,43 @@ def _check_sample(ids, logprobs, finish, max_tokens: int, vocab_size: int) -> No
     raise EpisodeError(errors.ENGINE_ERROR, f"out-of-vocabulary ids {bad[:5]}")
 
 
+def count_judge_errors(res: EpisodeResult) -> int:
+  """Records the criteria the judge could not decide: `grade_details["judge_error"]` and the
+  event `judge_error` (nothing when there are none)."""
+  crit = res.grade_details.get("criteria") or []
+  n = sum(isinstance(c, dict) and str(c.get("detail", "")).startswith(errors.JUDGE_ERROR)
+          for c in crit)
+  if n:
+    res.grade_details["judge_error"] = n
+    res.events[errors.JUDGE_ERROR] = n
+  return n
+
+
+def apply_verdicts(res: EpisodeResult, update: dict) -> EpisodeResult:
+  """Completes a result graded with its judge verdicts pending (`run_episode`'s judge_sink)
+  with the final grade: {reward, passed, criteria: {rubric index: criterion dict}}."""
+  res.reward, res.passed = float(update["reward"]), bool(update["passed"])
+  crit = res.grade_details.get("criteria")
+  for i, c in update.get("criteria", {}).items():
+    if isinstance(crit, list) and int(i) < len(crit):
+      crit[int(i)] = dict(c)
+  count_judge_errors(res)
+  return res
+
+
+def unjudged(res: EpisodeResult, why: str) -> EpisodeResult:
+  """Completes a result whose pending verdicts will never come: every pending judge criterion
+  is a judge error (not met); the provisional reward, which counted them not met, stands."""
+  for c in res.grade_details.get("criteria") or []:
+    if isinstance(c, dict) and c.get("detail") == "judge pending":
+      c["detail"] = f"{errors.JUDGE_ERROR}: {why}"
+  res.passed = False
+  count_judge_errors(res)
+  return res
+
+
 def run_episode(episode: Episode, policy, fmt: ChatFormat, s: LoopSettings,
-                start_gate=None) -> EpisodeResult:
+                start_gate=None, judge_sink: list | None = None) -> EpisodeResult:
   """Runs one episode to an outcome; never raises.
 
   Args:
@@ -132,6 +168,10 @@ def run_episode(episode: Episode, policy, fmt: ChatFormat, s: LoopSettings,
     start_gate: optional semaphore shared by the pool's processes that bounds how many
       worlds start at once (a start storm on a busy host would otherwise push every start
       past its timeout). Waiting for it counts against the episode, not the world start.
+    judge_sink: a list: judge criteria are submitted, not waited for (envs.judge.deferred);
+      the episode's `envs.judge.Pending` is appended to it and the result's reward, passed and
+      judge criteria are provisional (not met, "judge pending") until `apply_verdicts`. None =
+      the grade is complete when this returns.
   """
   clock = _Clock(s.episode_timeout_s)
   res = EpisodeResult(task_id=episode.task_id, group_id=episode.group_id,
@@ -255,10 +295,18 @@ def run_episode(episode: Episode, policy, fmt: ChatFormat, s: LoopSettings,
     res.outcome = errors.HARNESS_BUG
     res.detail = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}"
   if res.outcome in errors.GRADED and world is not None:
+    pending: list = []
+
+    def grade():
+      if judge_sink is None:
+        return world.grade(answer or "")
+      with judge_lib.deferred(pending):
+        return world.grade(answer or "")
     try:
-      g = clock.guarded("grade", lambda: world.grade(answer or ""), s.grade_timeout_s,
-                        errors.HARNESS_BUG, "grading")
+      g = clock.guarded("grade", grade, s.grade_timeout_s, errors.HARNESS_BUG, "grading")
       res.reward, res.passed, res.grade_details = float(g.reward), bool(g.passed), g.details
+      if judge_sink is not None:
+        judge_sink.extend(pending)
     except EpisodeError as e:
       res.outcome, res.detail = e.outcome, e.detail
     except Exception as e:  # noqa: BLE001
@@ -279,6 +327,7 @@ def run_episode(episode: Episode, policy, fmt: ChatFormat, s: LoopSettings,
     res.prompt_len = traj.prompt_len
   res.final_answer = answer or ""
   res.events = {k: v for k, v in events.items() if v}
+  count_judge_errors(res)
   total = time.monotonic() - clock.start
   res.timing = dict(clock.spent, total=total)
   res.timing["harness"] = total - sum(clock.spent.values())

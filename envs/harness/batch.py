@@ -108,6 +108,8 @@ def batch_metrics(results: Sequence[EpisodeResult], max_timeouts_per_group: int 
   # (a malformed call counts whether or not it ended its episode), else the outcomes.
   for c in errors.ERROR_CLASSES:
     m[f"errors/{c}"] = events.get(c, 0) if c in errors.EVENTS else outcomes.get(c, 0)
+  # Judge criteria the judge could not decide (graded not met; the episode keeps its outcome).
+  m[f"errors/{errors.JUDGE_ERROR}"] = events.get(errors.JUDGE_ERROR, 0)
   if n:
     m["pass_rate"] = sum(r.passed for r in results) / n
     m["mean_reward"] = sum(r.reward for r in results) / n

@@ -19,6 +19,7 @@ import functools
 import time
 
 from envs import eval_summary
+from envs import judge as judge_lib
 from envs import tasks as tasks_lib
 from envs import worlds
 from envs.harness import errors
@@ -75,7 +76,8 @@ def summarize(results, tasks, resamples: int, seed: int = 0) -> dict:
   s = eval_summary.summarize_by_domain(results, tasks, lambda r: r.meta.get("domain", ""),
                                        resamples, seed)
   m = batch_metrics(results)
-  s["errors"] = {c: int(m[f"errors/{c}"]) for c in errors.ERROR_CLASSES if m[f"errors/{c}"]}
+  s["errors"] = {c: int(m[f"errors/{c}"]) for c in errors.ERROR_CLASSES + (errors.JUDGE_ERROR,)
+                 if m[f"errors/{c}"]}
   s["outcomes"] = {o: s["outcomes"][o] for o in errors.OUTCOMES if s["outcomes"].get(o)}
   return s
 
@@ -89,6 +91,7 @@ def main(config, flags=None, split=None):
   tasks = tasks_lib.load_tasks(config.envs, config.eval.split)
   if config.eval.max_tasks:
     tasks = tasks[:config.eval.max_tasks]
+  judge_lib.require(tasks, config.envs.judge)  # judge criteria need a judge, before any rollout
   factory = policy_factory(config, tasks)  # fails fast (no server) before rendering worlds
   # Tasks read from files may each bring their own world folder (Task.world_dir).
   root = (worlds.ensure_worlds(config.envs) if task_file.needs_generated_worlds(tasks)

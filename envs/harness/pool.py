@@ -9,11 +9,20 @@ episode's own timeout is killed (outcome `episode_timeout`); a worker that dies 
 (outcome `harness_bug`, with its exit code) and replaced; either way the batch goes on and
 every other trajectory is kept. A worker whose episode abandoned a hung call (`tainted`) is
 recycled after returning its result.
+
+Judge criteria (envs/judge.py) do not hold a worker: its episode's judge requests go to the
+process's judge threads, the worker reports the episode as `judging` (with its provisional
+result) and starts its next one, and sends the verdicts when they arrive; the parent completes
+the result then (`agent_loop.apply_verdicts`). `run` still returns every result in episode
+order. Verdicts not back within `episode_timeout_s + kill_grace_s`, or lost with their worker,
+make the pending criteria judge errors. Episodes without judge criteria are graded
+synchronously, as before.
 """
 import dataclasses
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 import traceback
 from multiprocessing import connection
@@ -23,7 +32,9 @@ from envs.chat.format import ChatFormat
 from envs.chat.tokenizer import load_tokenizer
 from envs.harness import errors
 from envs.harness.agent_loop import LoopSettings
+from envs.harness.agent_loop import apply_verdicts
 from envs.harness.agent_loop import run_episode
+from envs.harness.agent_loop import unjudged
 from envs.harness.world import Episode
 from envs.harness.world import EpisodeResult
 from envs.harness.world import run_exit_hooks
@@ -59,6 +70,12 @@ def _worker_main(conn, fmt_spec: FormatSpec, policy_factory, settings: LoopSetti
     conn.send(("init_error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
     return
   conn.send(("ready", os.getpid()))
+  lock = threading.Lock()  # judge threads send verdicts while the loop sends results
+
+  def send(msg):
+    with lock:
+      conn.send(msg)
+  seq = 0
   try:
     while True:
       try:
@@ -67,9 +84,28 @@ def _worker_main(conn, fmt_spec: FormatSpec, policy_factory, settings: LoopSetti
         return
       if episode is None:
         return
-      conn.send(("result", run_episode(episode, policy, fmt, settings, start_gate)))
+      seq += 1
+      sink: list = []
+      res = run_episode(episode, policy, fmt, settings, start_gate, judge_sink=sink)
+      if not sink:
+        send(("result", res))
+        continue
+      send(("judging", seq, res))
+      sink[-1].when_done(lambda p, n=seq: _send_verdicts(send, n, p))
   finally:
     run_exit_hooks()
+
+
+def _send_verdicts(send, seq: int, pending) -> None:
+  """Sends ("judged", seq, update or None, why, seconds) for an episode's pending verdicts."""
+  try:
+    update, why = pending.result(), ""
+  except Exception as e:  # noqa: BLE001 - the parent turns it into judge errors
+    update, why = None, f"grading with the judge failed: {type(e).__name__}: {e}"
+  try:
+    send(("judged", seq, update, why, time.monotonic() - pending.t0))
+  except (OSError, ValueError):
+    pass  # the parent is gone or closed the pipe; nobody waits for these verdicts
 
 
 @dataclasses.dataclass
@@ -78,6 +114,9 @@ class _Worker:
   conn: Any
   job: tuple[int, Episode, float] | None = None  # (index, episode, kill deadline)
   world: Any = None                               # world key of its last episode
+  # Episodes awaiting judge verdicts: seq -> (index, provisional result, verdict deadline).
+  judging: dict = dataclasses.field(default_factory=dict)
+  retire: bool = False                            # replace once its verdicts are in
 
 
 def _world_key(ep: Episode):
@@ -222,51 +261,87 @@ class AgentPool:
       if on_result is not None:
         on_result(res)
 
-    while pending or any(w.job for w in self._workers):
+    def unjudge(w, why):
+      for idx, res, _ in w.judging.values():
+        done(idx, unjudged(res, why))
+      w.judging = {}
+
+    while pending or any(w.job or w.judging for w in self._workers):
       for w in self._workers:
-        if w.job is None and pending:
+        if w.job is None and pending and not w.retire:
           held = frozenset(o.world for o in self._workers if o.job is not None)
           idx, ep = _take(pending, w.world, held)
           w.world = _world_key(ep)
           w.job = (idx, ep, time.monotonic() + budget)
           w.conn.send(ep)
-      busy = [w for w in self._workers if w.job]
-      wait_s = max(0.0, min(w.job[2] for w in busy) - time.monotonic())
+      busy = [w for w in self._workers if w.job or w.judging]
+      deadlines = [w.job[2] for w in busy if w.job] + [
+          d for w in busy for _, _, d in w.judging.values()]
+      wait_s = max(0.0, min(deadlines) - time.monotonic())
       ready = connection.wait([w.conn for w in busy] + [w.proc.sentinel for w in busy],
                               timeout=wait_s)
       now = time.monotonic()
       for i, w in enumerate(self._workers):
-        if w.job is None:
+        if w.job is None and not w.judging:
           continue
-        idx, ep, deadline = w.job
+        freed = False
         if w.conn in ready:
+          msgs = []
           try:
-            kind, res = w.conn.recv()
+            while True:
+              msgs.append(w.conn.recv())
+              if not w.conn.poll():
+                break
           except (EOFError, OSError):
-            kind, res = None, None
-          if kind == "result":
-            done(idx, res)
-            w.job = None
-            if res.tainted:
+            pass  # gone: found dead below
+          for msg in msgs:
+            if msg[0] == "result" and w.job is not None:
+              done(w.job[0], msg[1])
+              w.job, freed = None, True
+              w.retire = w.retire or msg[1].tainted
+            elif msg[0] == "judging" and w.job is not None:
+              w.judging[msg[1]] = (w.job[0], msg[2], now + budget)
+              w.job, freed = None, True
+              w.retire = w.retire or msg[2].tainted
+            elif msg[0] == "judged" and msg[1] in w.judging:
+              idx, res, _ = w.judging.pop(msg[1])
+              _, _, update, why, secs = msg
+              res = apply_verdicts(res, update) if update is not None else unjudged(res, why)
+              res.timing["judge"] = float(secs)
+              done(idx, res)
+          if freed:  # its episode ended: a death now is the next episode's (as it finds it)
+            if w.retire and not w.judging:
               self.recycled += 1
               self._replace(i)
             continue
         if w.proc.sentinel in ready or (w.conn in ready and not w.proc.is_alive()):
           w.proc.join(1)
           code = w.proc.exitcode
-          self.deaths.append(dict(pid=w.proc.pid, exitcode=code, task_id=ep.task_id,
-                                  why="died"))
-          done(idx, _failed(ep, errors.HARNESS_BUG,
-                            f"agent process {w.proc.pid} died (exit code {code})"))
-          w.job = None
+          task_id = w.job[1].task_id if w.job else ""
+          self.deaths.append(dict(pid=w.proc.pid, exitcode=code, task_id=task_id, why="died"))
+          if w.job is not None:
+            done(w.job[0], _failed(w.job[1], errors.HARNESS_BUG,
+                                   f"agent process {w.proc.pid} died (exit code {code})"))
+            w.job = None
+          unjudge(w, f"agent process {w.proc.pid} died before the verdicts came")
           self._replace(i)
-        elif now >= deadline:
+          continue
+        if w.job is not None and now >= w.job[2]:
+          idx, ep, _ = w.job
           self.deaths.append(dict(pid=w.proc.pid, exitcode=None, task_id=ep.task_id,
                                   why="killed at the episode deadline"))
           done(idx, _failed(ep, errors.EPISODE_TIMEOUT,
                             f"agent process {w.proc.pid} still busy {self._grace}s after "
                             f"the episode timeout; killed"))
           w.job = None
+          unjudge(w, f"agent process {w.proc.pid} killed before the verdicts came")
+          self._replace(i)
+          continue
+        for seq in [q for q, (_, _, d) in w.judging.items() if now >= d]:
+          idx, res, _ = w.judging.pop(seq)
+          done(idx, unjudged(res, f"no verdict within {budget:.0f}s of the episode's end"))
+        if w.retire and w.job is None and not w.judging:
+          self.recycled += 1
           self._replace(i)
     return results  # type: ignore[return-value]
 

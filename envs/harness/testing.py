@@ -15,12 +15,16 @@ import sys
 import time
 from typing import Any
 
+import ml_collections
+
 from envs.harness.errors import WorldCrashed
 from envs.harness.policy import Action
 from envs.harness.policy import Observation
 from envs.harness.policy import ScriptedPolicy
 from envs.harness.world import Grade
 from envs.harness.world import ToolResult
+from envs.tasks import rubric
+from envs.tasks.task import Task
 
 _SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_world_server.py")
 
@@ -90,6 +94,31 @@ class FakeWorld:
         f.close()
       except OSError:
         pass
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgedWorldSpec(FakeWorldSpec):
+  """A fake world graded by a task's rubric, judge criteria included (envs/judge.py).
+
+  Attributes:
+    task_json: the envs.tasks.Task whose rubric grades the final answer.
+    envs_json: config.envs as JSON (its `judge` section reaches the judge).
+  """
+  task_json: str = ""
+  envs_json: str = ""
+
+  def start(self) -> "JudgedWorld":
+    return JudgedWorld(self)
+
+
+class JudgedWorld(FakeWorld):
+  """The fake world's tools; grading by rubric.grade (no world files: nothing changed)."""
+
+  def grade(self, final_answer: str) -> Grade:
+    task = Task.from_json(self.spec.task_json)
+    cfg = ml_collections.ConfigDict(json.loads(self.spec.envs_json))
+    g = rubric.grade(task, final_answer, "", "", cfg)
+    return Grade(g.reward, g.passed, {"criteria": [dataclasses.asdict(r) for r in g.results]})
 
 
 _KEY_RE = re.compile(r"under the key (\S+?)\?")

@@ -17,8 +17,14 @@ Types:
   event_count    n                             exactly n events were added
   chat_posted    channel, contains[]           a new message in the channel holds every item
   unchanged      path                          a file is byte-identical to before
-  judge          instruction                   a judge model decides (needs envs.judge)
+  judge          instruction                   a judge model decides (envs/judge.py)
 Items in `contains` are {"number": v, "decimals": d} or {"text": s}.
+
+Reward = the criteria met, weighted by the task's `weights` when it has them (else equally), over
+the total weight. A judge criterion the judge could not decide (a malformed or failed reply after
+its retries) is not met; its detail starts with `judge_error`. Inside `envs.judge.deferred`,
+`grade` submits the judge criteria and returns at once with them not met (detail
+`judge pending`), leaving an `envs.judge.Pending` whose result is the final grade.
 
 The world after the episode is the agent's work: an app file or document it left unreadable
 (malformed JSON, a broken workbook, a missing apps/*.json; easy with the shell tool style,
@@ -30,7 +36,9 @@ import functools
 import json
 import os
 import re
-import urllib.request
+
+from envs import judge as judge_lib
+from envs.judge import JudgeUnavailable  # noqa: F401 - re-exported (envs.tasks)
 
 _NUM_RE = re.compile(r"(?<![\w.])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|(?<![\w.])-?\d+(?:\.\d+)?")
 
@@ -44,13 +52,9 @@ class CriterionResult:
 
 @dataclasses.dataclass
 class GradeResult:
-  reward: float           # share of criteria passed, in [0, 1]
+  reward: float           # weighted share of criteria passed (task.weights; equal without), in [0, 1]
   passed: bool            # every criterion passed
   results: list           # [CriterionResult], rubric order
-
-
-class JudgeUnavailable(RuntimeError):
-  """A judge criterion was graded without config.envs.judge.endpoint."""
 
 
 def numbers_in(text: str) -> list:
@@ -112,6 +116,22 @@ def _doc_text(path: str) -> str:
                      if sh.has_text_frame)
   with open(path, encoding="utf-8", errors="replace") as f:
     return f.read()
+
+
+def judge_text(path: str) -> str:
+  """A file's text as the judge is shown it: documents and decks as for file_contains, workbooks
+  as one tab-separated line per row under a line per sheet."""
+  if path.lower().endswith(".xlsx"):
+    import openpyxl  # lazy: document library, for a criterion on that format
+    wb = openpyxl.load_workbook(path, data_only=True, read_only=True)
+    lines = []
+    for ws in wb.worksheets:
+      lines.append(f"[sheet {ws.title}]")
+      lines += ["\t".join("" if v is None else str(v) for v in row)
+                for row in ws.iter_rows(values_only=True)]
+    wb.close()
+    return "\n".join(lines)
+  return _doc_text(path)
 
 
 @functools.lru_cache(maxsize=256)
@@ -214,23 +234,10 @@ def _check(c: dict, answer: str, before: str, after: str, cfg) -> CriterionResul
       with open(pb, "rb") as f1, open(pa, "rb") as f2:
         ok = f1.read() == f2.read()
   elif t == "judge":
-    ok, detail = _judge(c, answer, cfg)
+    raise ValueError("judge criteria are graded by rubric.grade (the judge needs the task)")
   else:
     raise ValueError(f"unknown criterion type {t!r}")
   return CriterionResult(desc, bool(ok), detail)
-
-
-def _judge(c: dict, answer: str, cfg):
-  """POSTs {instruction, answer} to the judge endpoint; expects {"pass": bool, "reason": str}."""
-  if not cfg.judge.endpoint:
-    raise JudgeUnavailable("judge criteria need config.envs.judge.endpoint")
-  req = urllib.request.Request(cfg.judge.endpoint, method="POST",
-                               data=json.dumps(dict(instruction=c["instruction"],
-                                                    answer=answer)).encode(),
-                               headers={"Content-Type": "application/json"})
-  with urllib.request.urlopen(req, timeout=cfg.client_timeout_s) as r:
-    out = json.loads(r.read())
-  return bool(out.get("pass")), str(out.get("reason", ""))
 
 
 def grade(task, final_answer: str, before_dir: str, after_dir: str, envs_cfg) -> GradeResult:
@@ -244,6 +251,68 @@ def grade(task, final_answer: str, before_dir: str, after_dir: str, envs_cfg) ->
   Returns:
     GradeResult(reward in [0, 1], passed, per-criterion results).
   """
-  res = [check(c, final_answer or "", before_dir, after_dir, envs_cfg) for c in task.rubric]
-  n = sum(r.passed for r in res)
-  return GradeResult(reward=n / len(res), passed=n == len(res), results=res)
+  answer = final_answer or ""
+  weights = rubric_weights(task)
+  res = [None if c["type"] == "judge" else check(c, answer, before_dir, after_dir, envs_cfg)
+         for c in task.rubric]
+  judged = [i for i, c in enumerate(task.rubric) if c["type"] == "judge"]
+  if not judged:
+    return _total(res, weights)
+  judge = judge_lib.for_config(envs_cfg.judge)  # JudgeUnavailable without an endpoint
+  # Read now: the working copy is reset for the next episode before deferred verdicts arrive.
+  files = judge_lib.world_changes(before_dir, after_dir, task.input_files, judge_text)
+  criteria = [task.rubric[i] for i in judged]
+
+  def finish(verdicts: list) -> GradeResult:
+    out = list(res)
+    for i, v in zip(judged, verdicts):
+      out[i] = _judged(task.rubric[i], v)
+    return _total(out, weights)
+
+  sink = judge_lib.deferring()
+  if sink is None:
+    return finish(judge.grade_all(task, criteria, answer, files))
+  futures = [judge.submit(task, c, answer, files) for c in criteria]
+
+  def update(verdicts: list) -> dict:
+    g = finish(verdicts)
+    return dict(reward=g.reward, passed=g.passed, judge_error=judge_errors(g.results),
+                criteria={i: dataclasses.asdict(g.results[i]) for i in judged})
+  sink.append(judge_lib.Pending(futures, update))
+  provisional = list(res)
+  for i in judged:
+    provisional[i] = CriterionResult(task.rubric[i].get("description", "judge"), False,
+                                     "judge pending")
+  return _total(provisional, weights)
+
+
+def rubric_weights(task) -> tuple:
+  """The task's per-criterion weights (rubric order), or () for equal weights."""
+  w = tuple(getattr(task, "weights", ()) or ())
+  if not w:
+    return ()
+  if len(w) != len(task.rubric):
+    raise ValueError(f"task {task.id}: {len(w)} weights for {len(task.rubric)} criteria")
+  if any(not isinstance(x, (int, float)) or x < 0 for x in w) or sum(w) <= 0:
+    raise ValueError(f"task {task.id}: weights must be >= 0 with a positive sum, got {w}")
+  return tuple(float(x) for x in w)
+
+
+def _judged(c: dict, v) -> CriterionResult:
+  desc = c.get("description", "judge")
+  if v.met is None:
+    return CriterionResult(desc, False, v.error)
+  return CriterionResult(desc, bool(v.met), v.reason[:500])
+
+
+def judge_errors(results) -> int:
+  """Criteria the judge could not decide (their detail starts with `judge_error`)."""
+  return sum(str(r.detail).startswith(judge_lib.JUDGE_ERROR) for r in results)
+
+
+def _total(res: list, weights: tuple) -> GradeResult:
+  if not weights:
+    n = sum(r.passed for r in res)
+    return GradeResult(reward=n / len(res), passed=n == len(res), results=res)
+  got = sum(w for w, r in zip(weights, res) if r.passed)
+  return GradeResult(reward=got / sum(weights), passed=all(r.passed for r in res), results=res)
