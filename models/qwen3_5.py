@@ -141,7 +141,11 @@ def _run_layers(cfg: ModelConfig, params, x, positions, cache=None, lengths=None
   if cfg.remat == "full":
     cycle_body = jax.checkpoint(cycle_body, prevent_cse=False)
   blocks_cache = None if cache is None else cache["blocks"]
-  x, (router, new_blocks) = jax.lax.scan(cycle_body, x, (params["blocks"], blocks_cache))
+  # unroll: cycles per scan step (0 = all). On CPU the scan's backward copies every stacked
+  # residual into its slot of the stacked buffers; unrolled, those copies go (docs/model.md).
+  unroll = cfg.scan_unroll or cfg.num_cycles
+  x, (router, new_blocks) = jax.lax.scan(cycle_body, x, (params["blocks"], blocks_cache),
+                                         unroll=unroll)
   return x, router, new_blocks
 
 

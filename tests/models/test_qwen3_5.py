@@ -189,6 +189,23 @@ def test_scanned_and_unrolled_layers_give_the_same_logits(two_cycle_model):
                              _forward(cfg, params, tokens), atol=1e-5)
 
 
+def _loss_and_grads(cfg, params, tokens):
+  def loss(p):
+    logits = qwen3_5.forward(cfg, p, tokens)
+    return jnp.mean(jax.nn.log_softmax(logits)[..., 0]), logits
+  return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+
+
+@pytest.mark.parametrize("unroll", [0, 2])
+def test_scan_unroll_gives_the_same_logits_and_gradients(two_cycle_model, unroll):
+  cfg, params = two_cycle_model
+  tokens = jnp.asarray(np.random.default_rng(4).integers(0, cfg.vocab_size, (2, 24)), jnp.int32)
+  (_, logits), grads = _loss_and_grads(cfg.replace(scan_unroll=unroll), params, tokens)
+  (_, ref_logits), ref_grads = _loss_and_grads(cfg, params, tokens)
+  np.testing.assert_allclose(logits, ref_logits, atol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), grads, ref_grads)
+
+
 def test_router_logits_are_returned_per_moe_layer(model):
   cfg, params = model
   tokens = jnp.zeros((2, 10), jnp.int32)
