@@ -210,12 +210,16 @@ def build_messages(task, criterion: dict, final_answer: str, files: dict,
   instruction = criterion.get("instruction")
   if not isinstance(instruction, str) or not instruction.strip():
     raise ValueError(f"a judge criterion needs a non-empty 'instruction' string, got {criterion!r}")
-  shown = render_files([("Reference files of a correct solution", dict(task.expected_files or {})),
+  expected = dict(task.expected_files or {})
+  gold = expected.pop("gold_response", None)   # a reference final answer, not a file
+  shown = render_files([("Reference files of a correct solution", expected),
                         ("Files the agent created, changed or deleted", dict(files or {}))],
                        max_file_chars)
+  reference = f"# A reference final answer (of a correct solution)\n{gold}\n\n" if gold else ""
   user = (f"# Task given to the agent\n{task.prompt}\n\n"
           f"# Criterion\n{instruction.strip()}\n\n"
           f"# The agent's final answer\n{final_answer or '(no final answer)'}\n\n"
+          f"{reference}"
           f"# Files\n{shown or '(the agent changed no file)'}\n\n"
           "Is the criterion met? End with the line VERDICT: MET or VERDICT: NOT_MET.")
   return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
@@ -336,10 +340,10 @@ class Judge:
     if key:
       headers["Authorization"] = f"Bearer {key}"
     req = urllib.request.Request(self.endpoint + path, data=data, method=method, headers=headers)
-    self._pacer.wait()
-    self._count("requests")
     try:
       with self._slots:
+        self._pacer.wait()  # inside the slot: a paced start is a start, not a wait for a slot
+        self._count("requests")
         with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
           raw = r.read()
     except urllib.error.HTTPError as e:

@@ -28,7 +28,6 @@ import time
 import traceback
 
 from envs import eval_summary
-from envs import judge as judge_lib
 from envs import tasks as tasks_lib
 from envs import worlds
 from envs.apps import gateway as gateway_lib
@@ -215,7 +214,6 @@ def main(config, flags=None, split=None):
   task_list = tasks_lib.load_split(envs_cfg, config.eval.split)
   if config.eval.max_tasks:
     task_list = task_list[:config.eval.max_tasks]
-  judge_lib.require(task_list, envs_cfg.judge)  # judge criteria need a judge, before any episode
   mine, collect = split(task_list) if split is not None else (task_list, list)
   print(f"worlds ready in {root} ({t_gen:.1f}s); split={config.eval.split} tasks={len(task_list)} "
         f"({len(mine)} in this process) policy={policy} tools={style} "

@@ -18,8 +18,10 @@ import os
 import time
 
 from envs import eval_summary
+from envs import judge as judge_lib
 from envs import worlds
 from envs.tasks import task_file
+from rl import judge_server
 from rl.metrics import quiet_logs
 from rl.metrics import write_json
 from rl.rollout import capacity
@@ -35,9 +37,12 @@ _SEED_OFFSET = 1_000_003
 
 def measure(config, tasks, samples: int) -> dict:
   """task id -> pass rate over `samples` rollouts of the starting policy."""
+  if not config.envs.judge.checkpoint:  # else the judge served below fills the endpoint
+    judge_lib.require(tasks, config.envs.judge)  # before SFT and rollouts
   if task_file.needs_generated_worlds(tasks):  # tasks from files may bring their own worlds
     worlds.ensure_worlds(config.envs)
-  with served_policy(config, start_params(config)) as (_, cfg, pool):
+  with judge_server.judged(config) as judged_cfg, served_policy(
+      judged_cfg, start_params(config)) as (_, cfg, pool):
     eps = make_episodes(tasks, cfg, samples, seed_offset=_SEED_OFFSET)
     results = run_pool(pool, eps, cfg, "train pass rates")
   return eval_summary.summarize(results, tasks, resamples=1)["per_task_pass"]

@@ -330,7 +330,8 @@ def test_judge_sees_prompt_criterion_answer_expected_and_changed_files(serve, tm
   task = Task(id="t", split="eval", domain="d", world_id="w", level=1, family="f",
               prompt="Edit the memo.", input_files={"given.txt": "input text"},
               rubric=(_crit("The memo is polite."),), oracle_steps=(), oracle_answer="",
-              expected_files={"files/memo.txt": "REFERENCE MEMO"})
+              expected_files={"files/memo.txt": "REFERENCE MEMO",
+                              "gold_response": "GOLD ANSWER"})
   g = rubric.grade(task, "Done, memo edited.", str(before), str(after),
                    _envs_cfg(s.url, max_file_chars=200))
   assert g.passed
@@ -339,6 +340,7 @@ def test_judge_sees_prompt_criterion_answer_expected_and_changed_files(serve, tm
                "+line 2 EDITED", "-line two", "files/gone.txt", "[deleted]", "NEW CONTENT"):
     assert part in user, part
   assert "unchanged text" not in user and "given.txt" not in user
+  assert "# A reference final answer (of a correct solution)\nGOLD ANSWER" in user
   assert "cut to 200 characters" in user and "files/new.txt (cut after" in user
 
 

@@ -14,7 +14,9 @@ from configs import tiny_cpu
 from envs import judge as judge_lib
 from envs.tasks import rubric
 from envs.tasks.task import Task
+from rl import evaluation
 from rl import judge_server
+from rl import learner
 
 
 def _ask(url: str, model: str, messages: list, max_tokens: int) -> str:
@@ -63,3 +65,36 @@ def test_tiny_base_served_as_judge_gives_every_criterion_a_verdict_or_judge_erro
         assert r.passed == expected and not r.detail.startswith(judge_lib.JUDGE_ERROR)
     n = sum(r.passed for r in g.results)
     assert g.reward == pytest.approx(n / 4) and g.passed == (n == 4)
+
+
+def _judge_tasks_config(tmp_path):
+  """tiny_cpu over a task file whose tasks have a judge criterion, no judge configured."""
+  world = tmp_path / "world"
+  (world / "files").mkdir(parents=True)
+  (world / "files" / "note.txt").write_text("hello")
+  path = tmp_path / "tasks.jsonl"
+  path.write_text("\n".join(json.dumps({
+      "id": f"t-{s}", "split": s, "domain": "d", "world_dir": str(world), "prompt": "Greet.",
+      "rubric": [{"type": "judge", "instruction": "The reply greets politely."}]})
+      for s in ("train", "eval")) + "\n")
+  config = tiny_cpu.get_config()
+  config.workdir = str(tmp_path / "runs")
+  config.envs.tasks_file = str(path)
+  config.loop.sft_first = False
+  return config
+
+
+def test_rl_mode_with_judge_criteria_and_no_judge_stops_before_training(tmp_path):
+  config = _judge_tasks_config(tmp_path)
+  with pytest.raises(judge_lib.JudgeUnavailable,
+                     match=r"envs\.judge\.endpoint.*envs\.judge\.checkpoint"):
+    learner.run_rl(config)
+  assert not (tmp_path / "runs" / config.name / "checkpoints").exists()
+
+
+def test_eval_mode_with_judge_criteria_and_no_judge_stops_before_any_episode(tmp_path, capsys):
+  config = _judge_tasks_config(tmp_path)
+  config.policy = "oracle"
+  with pytest.raises(judge_lib.JudgeUnavailable, match=r"envs\.judge\.endpoint"):
+    evaluation.main_eval(config)
+  assert "worlds ready" not in capsys.readouterr().out
