@@ -172,6 +172,13 @@ def _run_shell(what: str, cmd: str, cwd: str | None, timeout: float) -> None:
     raise RuntimeError(f"{what} failed (exit {p.returncode}): {cmd!r}: {tail}")
 
 
+def _leaves(e: BaseException) -> str:
+  """The messages of the exceptions at the bottom of an exception group (what went wrong)."""
+  if isinstance(e, BaseExceptionGroup):  # noqa: F821 (3.11 builtin)
+    return "; ".join(_leaves(x) for x in e.exceptions)
+  return f"{type(e).__name__}: {e}"
+
+
 def _tail(path: str | None) -> str:
   if not path:
     return ""
@@ -306,6 +313,7 @@ class McpStdioWorldSpec:
     copy = _CACHE.pop(key, None)
     if copy is None:
       copy = _Copy(self.world_src, cfg, work_root)
+    argv = []
     try:
       copy.inst.reset(task.input_files)
       work = copy.inst.path
@@ -313,11 +321,16 @@ class McpStdioWorldSpec:
       env = server_env(cfg.mcp.env, work)
       with open(copy.log, "a") as errlog:  # the child keeps its own descriptor
         server = gateway.ExternalServer(gateway.stdio_server(argv, work, env, errlog), cfg)
-    except BaseException as e:
+    except ValueError:
       copy.close()
+      raise
+    except Exception as e:  # noqa: BLE001 - reworded with the server's log, then re-raised
       log = _tail(copy.log)
-      if log and not isinstance(e, ValueError):
-        raise RuntimeError(f"{type(e).__name__}: {e}; the server's log ends: {log}") from e
+      copy.close()
+      raise RuntimeError(f"MCP server {argv[0] if argv else ''} did not start: {_leaves(e)}"
+                         + (f"; its log ends: {log}" if log else "")) from e
+    except BaseException:
+      copy.close()
       raise
 
     def done(reuse: bool) -> None:

@@ -190,8 +190,7 @@ def test_tool_output_is_cut_client_side(tmp_path):
 
 
 def test_faults_of_an_external_server_are_classified_and_the_loop_goes_on(tmp_path):
-  c = _config("mcp_stdio", tool_timeout_s=4.0)
-  c.envs.client_timeout_s = 4.0
+  c = _config("mcp_stdio", tool_timeout_s=2.5)
   c.envs.mcp.command = f"{sys.executable} {FAULTY}"
   kinds = ("crash", "hang", "bad_json", "bad_shape", "tool_error")
   tasks = [_task(k, f"Trigger the {k} fault.",
@@ -275,7 +274,7 @@ def test_bad_settings_are_refused_with_the_key_named(tmp_path, monkeypatch):
     mcp_worlds.request_headers("MCP_TEST_HEADERS_UNSET")
 
 
-def test_a_failing_setup_is_a_world_crash_naming_it(tmp_path):
+def test_a_failing_setup_or_start_is_a_world_crash_naming_it(tmp_path):
   c = _config("mcp_stdio")
   c.envs.mcp.command = f"{sys.executable} {FAULTY}"
   c.envs.mcp.setup = "echo setting up; echo broken >&2; exit 7"
@@ -283,6 +282,12 @@ def test_a_failing_setup_is_a_world_crash_naming_it(tmp_path):
   (r,) = _run(c, [task], {task.prompt: [("echo", {"text": "x"})]}, tmp_path)
   assert r.outcome == errors.WORLD_CRASH
   assert "envs.mcp.setup failed (exit 7)" in r.detail and "broken" in r.detail
+  # A server that exits at once: the crash report quotes the end of its log.
+  c.envs.mcp.setup = ""
+  c.envs.mcp.command = f"{sys.executable} no_such_server.py"
+  (r,) = _run(c, [task], {task.prompt: [("echo", {"text": "x"})]}, tmp_path)
+  assert r.outcome == errors.WORLD_CRASH and "did not start" in r.detail
+  assert "no_such_server.py" in r.detail and "No such file" in r.detail, r.detail
 
 
 # ---------------------------------------------------------------------------------------------
