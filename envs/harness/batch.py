@@ -26,7 +26,8 @@ def group_train_mask(results: Sequence[EpisodeResult], max_timeouts_per_group: i
                      ) -> np.ndarray:
   """Which trajectories may be trained on (docs/design.md, "Error taxonomy and group masking").
 
-  An infrastructure failure (engine_error, world_crash, harness_bug) masks its whole group;
+  An infrastructure failure (errors.GROUP_FATAL: engine_error, world_crash, harness_bug,
+  malformed_result) masks its whole group;
   more than `max_timeouts_per_group` timeouts (tool_timeout, episode_timeout) mask the group,
   fewer mask only the timed-out trajectories. Model-caused outcomes train.
   """
