@@ -400,11 +400,14 @@ class Judge:
         self._memory.popitem(last=False)
     if disk and self.cache_dir:
       d = os.path.join(self.cache_dir, key[:2])
-      os.makedirs(d, exist_ok=True)
       tmp = os.path.join(d, f".{key}.{os.getpid()}.{threading.get_ident()}")
-      with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"met": v.met, "reason": v.reason}, f)
-      os.replace(tmp, os.path.join(d, key + ".json"))
+      try:
+        os.makedirs(d, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+          json.dump({"met": v.met, "reason": v.reason}, f)
+        os.replace(tmp, os.path.join(d, key + ".json"))
+      except OSError as e:  # a cache that cannot be written costs calls, not verdicts
+        log.warning("judge: verdict cache %s not written: %s", self.cache_dir, e)
 
   # -- grading ----------------------------------------------------------------------------
 
@@ -440,6 +443,7 @@ class Judge:
         error = f"request failed: {e}"
       else:
         self._count("verdicts")
+        v = dataclasses.replace(v, reason=self._clean(v.reason))
         self._cache_put(key, v)
         return v
       log.warning("judge: %s (attempt %d of %d)", error, attempt + 1, self.retries + 1)

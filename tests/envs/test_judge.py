@@ -441,3 +441,14 @@ def test_pool_judge_errors_fail_the_criterion_and_are_counted(serve):
   assert m[f"errors/{errors.JUDGE_ERROR}"] == 2 and m[f"event/{errors.JUDGE_ERROR}"] == 2
   assert m["outcome/ok"] == 2 and m["pass_rate"] == 0.0
 
+
+
+def test_an_unwritable_cache_dir_costs_calls_not_verdicts(serve, tmp_path):
+  s = serve(_by_instruction)
+  blocker = tmp_path / "not_a_dir"
+  blocker.write_text("a file where the cache folder should be")
+  j = judge_lib.Judge.from_config(_judge_cfg(s.url, cache_dir=str(blocker / "cache")))
+  task = _task([_crit("The reply is polite.")])
+  assert j.grade(task, task.rubric[0], "hi", {}).met is True
+  assert j.grade(task, task.rubric[0], "hi", {}).met is True   # from memory
+  assert len(s.posts()) == 1
