@@ -319,7 +319,7 @@ class McpStdioWorldSpec:
       work = copy.inst.path
       argv = server_argv(cfg.mcp.command, work)
       env = server_env(cfg.mcp.env, work)
-      with open(copy.log, "a") as errlog:  # the child keeps its own descriptor
+      with open(copy.log, "w") as errlog:  # this episode's server; the child keeps its descriptor
         server = gateway.ExternalServer(gateway.stdio_server(argv, work, env, errlog), cfg)
     except ValueError:
       copy.close()

@@ -3,8 +3,9 @@
 Real servers throughout: the reference git server (mcp-server-git, started per working copy
 over stdio), a streamable-HTTP server built with the `mcp` package (fixtures/http_notes_server.py)
 and, for injected faults only, a stdio server that misbehaves on request
-(fixtures/faulty_mcp_server.py). Policies are token-level scripted policies: their tool calls
-are written as Qwen3.5 text, tokenized and parsed by the agent loop like a model's.
+(fixtures/faulty_mcp_server.py). Policies are token-level scripted policies (their tool calls
+are written as Qwen3.5 text, tokenized and parsed by the agent loop like a model's) and, in one
+slow test, the tiny random model behind the JetStream rollout server through its token client.
 """
 import functools
 import json
@@ -26,6 +27,7 @@ from envs.harness import mcp_worlds
 from envs.harness.batch import batch_metrics
 from envs.harness.batch import collate
 from envs.harness.episodes import task_episodes
+from envs.harness.jetstream_client import jetstream_policy_factory
 from envs.harness.policy import Action
 from envs.harness.policy import ScriptedPolicy
 from envs.harness.pool import AgentPool
@@ -95,7 +97,8 @@ def _git_tasks():
   repo = {"repo_path": "files"}  # relative to the server's working directory, the world copy
   branch = _task("branch", "Create the branch release-2 from main and switch to it.",
                  [dict(type="file_contains", path=".git/HEAD",
-                       contains=[{"text": "ref: refs/heads/release-2"}], description="on release-2"),
+                       contains=[{"text": "ref: refs/heads/release-2"}],
+                       description="on release-2"),
                   dict(type="answer_text", text="On branch release-2", description="reports it")],
                  GIT_WORLD)
   listing = _task("branches", "List the local branches and the working tree's status.",
@@ -105,7 +108,8 @@ def _git_tasks():
                   GIT_WORLD, input_files={"todo.txt": "reconcile the Q3 ledger\n"})
   log = _task("log", "What is the subject of the latest commit?",
               [dict(type="answer_text", text="Initial import of the ledger", description="subject"),
-               dict(type="answer_text", text="Reconciled Q4", description="a commit that is not there")],
+               dict(type="answer_text", text="Reconciled Q4",
+                    description="a commit that is not there")],
               GIT_WORLD)
   plans = {
       branch.prompt: [("git_create_branch", dict(repo, branch_name="release-2")),
@@ -386,3 +390,43 @@ def test_generated_source_serves_a_task_folder_with_the_projects_gateway(tmp_pat
   plans = {task.prompt: [("read", {"path": "files/welcome.txt"})]}
   (r,) = _run(c, [task], plans, tmp_path)
   assert r.outcome == errors.OK and r.passed, (r.outcome, r.detail, r.final_answer)
+
+
+# ---------------------------------------------------------------------------------------------
+# the policy served by the JetStream rollout server
+
+
+@pytest.mark.slow
+def test_model_episodes_through_the_rollout_server_against_the_git_server(tmp_path):
+  """The token client against the JetStream rollout server (tiny random model) in git-server
+  worlds: whatever the model writes, every episode ends classified and graded."""
+  # Lazy: the rollout server's imports (JetStream, the engine) take seconds, for this test only.
+  from rl.rollout import serve
+  c = _git_config()
+  c.rollout.slots = 4
+  c.rollout.max_len = 4096
+  c.rollout.prefill_buckets = (2048, 4096)
+  c.train.max_context = 4096
+  c.harness.max_tokens_per_turn = 32
+  c.harness.max_turns = 3
+  c.harness.model_timeout_s = 600.0   # the first calls compile
+  c.harness.episode_timeout_s = 1200.0
+  tasks, _ = _git_tasks()
+  server = serve.build_server(c, port=0, warmup=False)
+  try:
+    c.rollout.address = server.address
+    eps = task_episodes(tasks[:2], c, samples_per_task=2, work_root=str(tmp_path))
+    with AgentPool.from_config(c, jetstream_policy_factory(c), 2) as pool:
+      results = pool.run(eps)
+  finally:
+    server.stop()
+  assert len(results) == 4
+  n_criteria = {t.id: len(t.rubric) for t in tasks}
+  for r in results:
+    assert r.outcome in errors.MODEL_OUTCOMES, (r.outcome, r.detail)
+    assert 0.0 <= r.reward <= 1.0 and len(r.grade_details["criteria"]) == n_criteria[r.task_id]
+    sampled = [lp for lp, k in zip(r.rollout_logprobs, r.loss_mask) if k]
+    assert sampled and all(lp <= 0 for lp in sampled)
+  # The branch task's file criterion read the working copy, which a random model leaves on main.
+  branch = [r for r in results if r.task_id == "branch"]
+  assert all(not r.grade_details["criteria"][0]["passed"] for r in branch)
