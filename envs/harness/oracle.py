@@ -41,8 +41,11 @@ class OraclePolicy(ScriptedPolicy):
       plan = (tuple((s["name"], dict(s["args"])) for s in t.oracle_steps), t.oracle_answer)
       if self.plans.setdefault(t.prompt.strip(), plan) != plan:
         raise ValueError(f"two tasks share the prompt {t.prompt[:60]!r} but not the solution")
-      self.shell_plans[t.prompt.strip()] = (
-          tuple((s["name"], s["args"]) for s in shell_oracle.shell_steps(t)), t.oracle_answer)
+      try:
+        self.shell_plans[t.prompt.strip()] = (
+            tuple((s["name"], s["args"]) for s in shell_oracle.shell_steps(t)), t.oracle_answer)
+      except ValueError:
+        pass  # tools with no shell translation (an external MCP server's): the MCP plan only
     self._context_style = "mcp"
 
   def read(self, prompt_ids) -> Observation:
@@ -57,6 +60,8 @@ class OraclePolicy(ScriptedPolicy):
   def plan(self, task: str) -> tuple:
     """(steps, answer) for the task prompt, in the style in effect."""
     style = self._context_style if self.style == "auto" else self.style
+    if style == "shell" and task in self.plans and task not in self.shell_plans:
+      raise ValueError(f"the oracle of task {task[:60]!r} calls tools with no shell translation")
     return (self.shell_plans if style == "shell" else self.plans)[task]
 
   def act(self, obs: Observation) -> Action:

@@ -7,6 +7,7 @@ and, for injected faults only, a stdio server that misbehaves on request
 are written as Qwen3.5 text, tokenized and parsed by the agent loop like a model's) and, in one
 slow test, the tiny random model behind the JetStream rollout server through its token client.
 """
+import dataclasses
 import functools
 import json
 import os
@@ -20,6 +21,8 @@ import urllib.request
 import pytest
 
 from configs import tiny_cpu
+from envs.chat import ChatFormat
+from envs.chat import load_tokenizer
 from envs import tasks as tasks_lib
 from envs.apps import gateway
 from envs.harness import errors
@@ -28,6 +31,8 @@ from envs.harness.batch import batch_metrics
 from envs.harness.batch import collate
 from envs.harness.episodes import task_episodes
 from envs.harness.jetstream_client import jetstream_policy_factory
+from envs.harness.oracle import OraclePolicy
+from envs.harness.policy import Observation
 from envs.harness.policy import Action
 from envs.harness.policy import ScriptedPolicy
 from envs.harness.pool import AgentPool
@@ -187,6 +192,21 @@ def test_tool_output_is_cut_client_side(tmp_path):
   finally:
     s.close()
   assert not r.is_error and r.text.startswith("x" * 40 + "\n") and "truncated 60" in r.text
+
+
+def test_the_oracle_replays_an_external_servers_tools():
+  """A task file's oracle may call tools that have no shell translation (the server's own)."""
+  tasks, plans = _git_tasks()
+  task = dataclasses.replace(tasks[0], oracle_steps=tuple(
+      {"name": n, "args": a, "expect": ""} for n, a in plans[tasks[0].prompt]),
+      oracle_answer="On release-2.")
+  oracle = OraclePolicy(ChatFormat(load_tokenizer(), thinking=True), [task])
+  act = oracle.act(Observation(task=task.prompt, results=[]))
+  assert act.tool_calls == [{"name": "git_create_branch",
+                             "arguments": {"repo_path": "files", "branch_name": "release-2"}}]
+  oracle.style = "shell"
+  with pytest.raises(ValueError, match="no shell translation"):
+    oracle.act(Observation(task=task.prompt, results=[]))
 
 
 # ---------------------------------------------------------------------------------------------
