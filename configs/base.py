@@ -164,7 +164,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.envs.judge.max_file_chars = 8000  # changed/produced files shown to the judge, cut to this budget
   c.envs.judge.max_tokens = 256      # completion budget of one verdict
   c.envs.judge.cache_dir = ""        # verdict cache by content hash on disk; "" = in-memory only
-  c.envs.tool_output_chars = 42_000  # tool results are cut to this many characters (server side)
+  c.envs.tool_output_chars = 42_000  # tool results are cut to this many characters (server side; client side for envs.source=mcp_*)
   c.envs.tool_time_limit_s = 20.0    # server-side limit of one tool call (returns a tool error)
   c.envs.client_timeout_s = 60.0     # client-side read timeout of one MCP request
   c.envs.gateway_start_timeout_s = 60.0  # spawn + MCP handshake of a gateway process
