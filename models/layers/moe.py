@@ -160,9 +160,20 @@ def blocked_layout(experts, num_experts: int, block: int):
   return pos_of_pair, row_token, row_valid, block_expert
 
 
-def _take_experts(w, block_expert):
-  """w [experts, ...] -> [blocks, ...]; indices sorted, so the backward is a sorted scatter-add."""
-  return w.at[block_expert].get(indices_are_sorted=True, mode="promise_in_bounds")
+@jax.checkpoint
+def _expert_matmul(xs, w, block_expert):
+  """xs [blocks, block, d_in] @ w[block_expert] ([experts, d_in, d_out]) -> [blocks, block, d_out].
+
+  The weights are gathered per block ([blocks, d_in, d_out]: about n*k/block + E expert
+  matrices, i.e. d_out/block times the bytes of xs, plus one per expert) and applied by one
+  batched matmul. Under `jax.checkpoint` the gathered copy is not kept for the backward, which
+  gathers again (memory-bound, 1/(2*block) of the matmul's work); the backward's weight
+  gradient is the per-block x^T dy summed into each expert, a scatter-add over sorted indices.
+  A loop over experts would hold one expert's weights at a time, but a dropless one has
+  data-dependent group sizes, so it would need a loop over blocks of small matmuls instead.
+  """
+  wb = w.at[block_expert].get(indices_are_sorted=True, mode="promise_in_bounds")
+  return jnp.einsum("gbi,gio->gbo", xs, wb)
 
 
 def _blocked_experts(p, x, weights, experts, cfg: ModelConfig):
@@ -173,13 +184,10 @@ def _blocked_experts(p, x, weights, experts, cfg: ModelConfig):
   pos_of_pair, row_token, row_valid, block_expert = blocked_layout(experts, cfg.num_experts, block)
   num_blocks = block_expert.shape[0]
   xs = jnp.where(row_valid[:, None], x.astype(dt)[row_token], 0).reshape(num_blocks, block, h)
-  wg = _take_experts(p["wi_gate"].astype(dt), block_expert)     # [blocks, embed, expert_mlp]
-  wu = _take_experts(p["wi_up"].astype(dt), block_expert)
-  wo = _take_experts(p["wo"].astype(dt), block_expert)          # [blocks, expert_mlp, embed]
-  gate = jnp.einsum("gbh,ghi->gbi", xs, wg)
-  up = jnp.einsum("gbh,ghi->gbi", xs, wu)
+  gate = _expert_matmul(xs, p["wi_gate"].astype(dt), block_expert)   # [blocks, block, expert_mlp]
+  up = _expert_matmul(xs, p["wi_up"].astype(dt), block_expert)
   act = common.constrain(jax.nn.silu(gate) * up, (None, None, "expert_mlp"))
-  ys = jnp.einsum("gbi,gih->gbh", act, wo).reshape(num_blocks * block, h)
+  ys = _expert_matmul(act, p["wo"].astype(dt), block_expert).reshape(num_blocks * block, h)
   ys_pairs = ys.at[pos_of_pair].get(unique_indices=True, mode="promise_in_bounds").reshape(n, k, h)
   return jnp.einsum("nkh,nk->nh", ys_pairs, weights.astype(dt))
 

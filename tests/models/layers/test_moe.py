@@ -1,0 +1,126 @@
+"""The MoE dispatches: compiled cost against the expert count, and parity with ragged_dot."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import base
+from models import qwen3_5
+from models.layers import moe
+
+
+def _cfg(num_experts, k=2, dispatch="auto", block=128, hidden=64, mlp=64, shared=32):
+  m = base.get_model_config()
+  m.update(hidden_size=hidden, num_experts=num_experts, num_experts_per_tok=k,
+           moe_intermediate_size=mlp, shared_expert_intermediate_size=shared,
+           moe_dispatch=dispatch, moe_block_size=block)
+  return qwen3_5.config_from_dict(m)
+
+
+def _flops(fn, *args):
+  cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float(cost["flops"])
+
+
+def _block_flops(num_experts, dispatch):
+  """(forward, forward+backward) FLOPs of the compiled MoE block: 512 tokens, top-2, width 64."""
+  cfg = _cfg(num_experts, dispatch=dispatch, shared=0)
+  p = moe.init(jax.random.key(0), cfg)
+  x = jax.random.normal(jax.random.key(1), (2, 256, cfg.hidden_size))
+  fwd = lambda p, x: moe.forward(p, x, cfg)[0]
+  grad = jax.grad(lambda p, x: jnp.sum(fwd(p, x) ** 2), argnums=(0, 1))
+  return _flops(fwd, p, x), _flops(grad, p, x)
+
+
+def test_default_dispatch_flops_do_not_grow_with_expert_count():
+  fwd8, bwd8 = _block_flops(8, "auto")
+  fwd64, bwd64 = _block_flops(64, "auto")
+  assert fwd64 / fwd8 < 1.5, (fwd8, fwd64)
+  assert bwd64 / bwd8 < 1.5, (bwd8, bwd64)
+  if jax.default_backend() == "cpu":
+    # The measure can fail: XLA:CPU expands ragged_dot to every row against every expert.
+    rfwd8, rbwd8 = _block_flops(8, "ragged_dot")
+    rfwd64, rbwd64 = _block_flops(64, "ragged_dot")
+    assert rfwd64 / rfwd8 > 5 and rbwd64 / rbwd8 > 5, (rfwd8, rfwd64, rbwd8, rbwd64)
+    assert fwd64 < rfwd64 / 5 and bwd64 < rbwd64 / 5
+
+
+def _routing(case, n, num_experts, rng):
+  """(k, expert ids [n, k]) for a routing case."""
+  if case == "one_expert":
+    return 1, np.full((n, 1), 3)
+  if case == "one_expert_top2":       # every token's two slots on the same two experts
+    return 2, np.tile(np.array([[5, 2]]), (n, 1))
+  if case == "empty_experts":         # experts 0 and 7 get no token
+    return 2, np.stack([rng.choice(np.arange(1, num_experts - 1), 2, replace=False)
+                        for _ in range(n)])
+  return 3, np.stack([rng.choice(num_experts, 3, replace=False) for _ in range(n)])
+
+
+@pytest.mark.parametrize("case", ["spread", "one_expert", "one_expert_top2", "empty_experts"])
+@pytest.mark.parametrize("block", [1, 8, 128])
+def test_blocked_dispatch_matches_ragged_dot_outputs_and_gradients(case, block):
+  n, num_experts = 75, 8                      # 75 tokens: no multiple of any block size > 1
+  rng = np.random.default_rng(0)
+  k, experts = _routing(case, n, num_experts, rng)
+  experts = jnp.asarray(experts, jnp.int32)
+  weights = jax.nn.softmax(jnp.asarray(rng.normal(size=(n, k)), jnp.float32), axis=-1)
+  ref_cfg = _cfg(num_experts, k=k, dispatch="ragged_dot")
+  cfg = _cfg(num_experts, k=k, dispatch="blocked", block=block)
+  p = moe.init(jax.random.key(0), ref_cfg)
+  x = jax.random.normal(jax.random.key(1), (n, ref_cfg.hidden_size))
+  cot = jax.random.normal(jax.random.key(2), (n, ref_cfg.hidden_size))
+
+  def loss(c):
+    return lambda p, x, w: jnp.sum(moe.routed_experts(p, x, w, experts, c) * cot)
+  out_ref = moe.routed_experts(p, x, weights, experts, ref_cfg)
+  out = jax.jit(lambda p, x, w: moe.routed_experts(p, x, w, experts, cfg))(p, x, weights)
+  scale = float(jnp.max(jnp.abs(out_ref)))
+  assert scale > 0
+  np.testing.assert_allclose(out, out_ref, atol=1e-5 * scale, rtol=0)
+  g_ref = jax.grad(loss(ref_cfg), argnums=(0, 1, 2))(p, x, weights)
+  g = jax.jit(jax.grad(loss(cfg), argnums=(0, 1, 2)))(p, x, weights)
+  for name, a, b in zip(["params", "x", "router weights"], g, g_ref):
+    for (path, u), v in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
+      tol = 1e-5 * float(jnp.max(jnp.abs(v))) + 1e-12
+      np.testing.assert_allclose(u, v, atol=tol, rtol=0, err_msg=f"{name} {path}")
+
+
+@pytest.mark.parametrize("dispatch", ["auto", "blocked"])
+def test_moe_block_with_router_matches_ragged_dot(dispatch):
+  cfg = _cfg(8, k=2, dispatch=dispatch, block=16)
+  ref_cfg = cfg.replace(moe_dispatch="ragged_dot")
+  p = moe.init(jax.random.key(3), cfg)
+  x = jax.random.normal(jax.random.key(4), (3, 37, cfg.hidden_size))
+
+  def loss(c):
+    def f(p, x):
+      out, logits = moe.forward(p, x, c)
+      return jnp.sum(out ** 2) + 1e-3 * jnp.sum(logits ** 2)
+    return f
+  out, logits = moe.forward(p, x, cfg)
+  out_ref, logits_ref = moe.forward(p, x, ref_cfg)
+  np.testing.assert_allclose(out, out_ref, atol=1e-5 * float(jnp.max(jnp.abs(out_ref))), rtol=0)
+  np.testing.assert_array_equal(logits, logits_ref)
+  g = jax.grad(loss(cfg), argnums=(0, 1))(p, x)
+  g_ref = jax.grad(loss(ref_cfg), argnums=(0, 1))(p, x)
+  for u, v in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
+    np.testing.assert_allclose(u, v, atol=1e-5 * float(jnp.max(jnp.abs(v))), rtol=0)
+
+
+def test_block_size_keeps_padded_rows_under_twice_the_pairs():
+  for pairs, experts, max_block in [(2048, 8, 128), (2048, 64, 128), (16, 256, 128),
+                                    (512, 256, 128), (100_000, 256, 128), (7, 3, 4)]:
+    b = moe.block_size(pairs, experts, max_block)
+    assert 1 <= b <= max_block
+    rows = (pairs + min(experts, pairs) * (b - 1)) // b * b
+    assert rows < 2 * pairs + b, (pairs, experts, b, rows)
+  assert moe.block_size(2048, 8, 128) == 128
+
+
+def test_unknown_dispatch_is_rejected_with_its_name():
+  with pytest.raises(ValueError, match="moe_dispatch.*'grouped'"):
+    _cfg(8, dispatch="grouped")
+  with pytest.raises(ValueError, match="moe_block_size"):
+    _cfg(8, block=0)
