@@ -46,12 +46,22 @@ def sample(logits, temperature, top_k, top_p, keys):
   """
   logits = logits.astype(jnp.float32)
   greedy = temperature <= 0
-  z = logits / jnp.where(greedy, 1.0, temperature)[:, None]
-  # Sorting the vocabulary is the costly part; skip it when no row filters.
-  needs_filter = jnp.any(((top_k > 0) | (top_p < 1.0)) & ~greedy)
-  z = jax.lax.cond(needs_filter, lambda z: _filter_logits(z, top_k, top_p), lambda z: z, z)
-  logp = jax.nn.log_softmax(z, axis=-1)
-  drawn = jax.vmap(lambda k, l: jax.random.categorical(k, l))(keys, z)
-  tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
-  lp = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+
+  def draw(logits):
+    """(drawn ids, their logprobs) of every row, as if none were greedy."""
+    z = logits / jnp.where(greedy, 1.0, temperature)[:, None]
+    # Sorting the vocabulary is the costly part; skip it when no row filters.
+    needs_filter = jnp.any(((top_k > 0) | (top_p < 1.0)) & ~greedy)
+    z = jax.lax.cond(needs_filter, lambda z: _filter_logits(z, top_k, top_p), lambda z: z, z)
+    logp = jax.nn.log_softmax(z, axis=-1)
+    drawn = jax.vmap(lambda k, l: jax.random.categorical(k, l))(keys, z).astype(jnp.int32)
+    return drawn, jnp.take_along_axis(logp, drawn[:, None], axis=-1)[:, 0]
+
+  # The random draw (a Gumbel variate per row and vocabulary entry) and the log-softmax cost
+  # more than the argmax and, at a few dozen rows, about as much as the model's decode step:
+  # a batch of greedy rows only skips them. A sampling row's draw is the same either way.
+  no_draw = lambda logits: (jnp.zeros(logits.shape[:1], jnp.int32),
+                            jnp.zeros(logits.shape[:1], jnp.float32))
+  drawn, lp = jax.lax.cond(jnp.all(greedy), no_draw, draw, logits)
+  tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1).astype(jnp.int32), drawn)
   return tokens, jnp.where(greedy, 0.0, lp)

@@ -57,3 +57,37 @@ def test_same_key_same_draw_regardless_of_neighbours():
   other = logits.at[1:].set(jnp.asarray(rng.normal(size=(2, 64)), jnp.float32))
   tok2, lp2 = _sample(other, ones, zk.at[2].set(3), ones.at[1].set(0.5), keys)
   assert int(tok[0]) == int(tok2[0]) and float(lp[0]) == float(lp2[0])
+
+
+def _sample_without_greedy_skip(logits, temperature, top_k, top_p, keys):
+  """The sampler as written before greedy batches skipped the draw: every row drawn."""
+  logits = logits.astype(jnp.float32)
+  greedy = temperature <= 0
+  z = logits / jnp.where(greedy, 1.0, temperature)[:, None]
+  needs_filter = jnp.any(((top_k > 0) | (top_p < 1.0)) & ~greedy)
+  z = jax.lax.cond(needs_filter, lambda z: sampling._filter_logits(z, top_k, top_p), lambda z: z, z)
+  logp = jax.nn.log_softmax(z, axis=-1)
+  drawn = jax.vmap(lambda k, l: jax.random.categorical(k, l))(keys, z)
+  tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
+  lp = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+  return tokens, jnp.where(greedy, 0.0, lp)
+
+
+def test_skipping_the_draw_for_all_greedy_batches_changes_no_token_or_logprob():
+  rng = np.random.default_rng(3)
+  ref = jax.jit(_sample_without_greedy_skip)
+  logits = jnp.asarray(rng.normal(size=(6, 300)) * 2, jnp.float32)
+  settings = {
+      "all greedy": (np.zeros(6), np.zeros(6), np.ones(6)),
+      "mixed": (np.asarray([0.0, 1.0, 0.7, 0.0, 1.3, 1.0]), np.asarray([0, 0, 5, 0, 0, 3]),
+                np.asarray([1.0, 1.0, 1.0, 1.0, 0.8, 1.0])),
+      "all sampled": (np.ones(6), np.zeros(6), np.ones(6)),
+  }
+  for name, (temp, top_k, top_p) in settings.items():
+    args = (logits, jnp.asarray(temp, jnp.float32), jnp.asarray(top_k, jnp.int32),
+            jnp.asarray(top_p, jnp.float32))
+    for seed in range(4):
+      tok, lp = _sample(*args, _keys(6, seed))
+      tok_ref, lp_ref = ref(*args, _keys(6, seed))
+      np.testing.assert_array_equal(tok, tok_ref, err_msg=name)
+      np.testing.assert_allclose(lp, lp_ref, rtol=0, atol=1e-6, err_msg=name)
