@@ -9,9 +9,10 @@ For each concurrency c the engine gets c slots, c prompts are prefilled and inse
 the server does). transformers builds its model from the same weights (qwen3_5.save_hf ->
 AutoModelForCausalLM.from_pretrained) and runs greedy `generate` on the same prompts; its
 decode rate is c * (N - 1) / (t(N new tokens) - t(1 new token)), prefill excluded. Prints
-tokens/s of both and their ratio; asserts nothing.
+tokens/s of both and their ratio, and the figures as a JSON last line; asserts nothing.
 """
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -124,14 +125,20 @@ def main():
     hf_dir = tempfile.mkdtemp(prefix="decode_bench_")
     qwen3_5.save_hf(cfg, params, hf_dir)
   print(f"{'conc':>5} {'engine tok/s':>13} {'hf tok/s':>10} {'ratio':>7}", flush=True)
+  out = {"device": jax.devices()[0].device_kind, "params": counts["total"],
+         "active_params": counts["active"], "dtype": args.dtype, "prompt_len": args.prompt_len,
+         "tokens": args.tokens, "engine_tokens_per_s": {}, "hf_tokens_per_s": {}}
   for c in conc:
     prompts = rng.integers(10, cfg.vocab_size, size=(c, args.prompt_len))
     eng = bench_engine(config, params, prompts, args.tokens)
+    out["engine_tokens_per_s"][c] = eng
     if hf_dir:
       hf = bench_hf(hf_dir, prompts, args.tokens, args.dtype)
+      out["hf_tokens_per_s"][c] = hf
       print(f"{c:>5} {eng:>13.1f} {hf:>10.1f} {eng / hf:>6.1f}x", flush=True)
     else:
       print(f"{c:>5} {eng:>13.1f} {'-':>10} {'-':>7}", flush=True)
+  print(json.dumps(out))
 
 
 if __name__ == "__main__":

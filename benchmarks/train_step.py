@@ -5,7 +5,7 @@
 
 Builds the configured model and mesh over the devices present, feeds a synthetic GRPO batch
 of the configured shape (prompts_per_step x samples_per_prompt rows of train.seq_len tokens)
-and times `--steps` steps after one compile step. Model FLOPs are counted from the config:
+and times `--steps` steps after one compile step (the figures also as a JSON last line). Model FLOPs are counted from the config:
 6 x (active parameters per token) x tokens for the matmuls (forward + backward), plus the
 attention score/value matmuls of the full-attention layers (causal: half of 4 T^2 H D per
 layer per sequence, x3 for the backward); the optional recompute of old logprobs and remat
@@ -25,6 +25,7 @@ With --bucket=N the trajectories end by token N and the step is timed twice in t
 padded to train.seq_len and padded to N (train.seq_buckets: the step's rows are as long as its
 longest trajectory's bucket).
 """
+import json
 import os
 import sys
 import time
@@ -168,6 +169,12 @@ def main(argv):
     print(f"rows of {seq}      {dt * 1e3:.1f} ms (train.seq_len)")
     print(f"rows of {_BUCKET.value:<6d}    {short_dt * 1e3:.1f} ms (bucket; first step {short_compile_s:.1f} s "
           f"with its compile): {short_dt / dt:.3f}x the time")
+  print(json.dumps({
+      "params": counts["total"], "active_params": counts["active"], "rows": rows, "seq": seq,
+      "devices": n, "device_kind": getattr(dev, "device_kind", "?"), "dtype": config.model.dtype,
+      "first_step_s": compile_s, "step_s": dt, "tokens_per_s": tokens / dt,
+      "model_flops_per_step": flops,
+      "mfu": flops / dt / n / peak if (dev.platform != "cpu" and peak) else None}))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,262 @@
+"""The accelerator benchmark behind benchmarks/accelerator.sh: model step, train step MFU and
+decode against the HBM roofline, on one GPU, for a ~1B-parameter MoE (~1/8 of it active).
+
+  benchmarks/accelerator.sh                      # on a machine with an NVIDIA GPU
+  ACCEL_SMOKE=1 benchmarks/accelerator.sh        # tiny config on the CPU: the script's logic
+
+Runs benchmarks/model_step.py (bfloat16, no torch), benchmarks/train_step.py and
+benchmarks/decode.py (engine only, 8 / 32 / 128 sequences) as subprocesses on the same model
+config, reads the JSON line each prints last, and writes one JSON of figures to
+`<out>/accelerator.json`:
+
+  model_step   forward+backward tokens/s of the jitted model
+  train_step   GRPO step tokens/s and MFU = model FLOPs per token (6 x active params + the
+               attention score/value matmuls, benchmarks/train_step.py) x tokens/s / the GPU's
+               dense bf16 peak
+  decode       engine tokens/s at each concurrency and its share of the HBM roofline: a decode
+               step must read the weights its tokens touch (every dense weight, and of the routed
+               experts those the batch's top-k picks hit: E (1 - (1 - k/E)^B) per layer in
+               expectation for B tokens) plus each sequence's KV cache (attention layers, the
+               tokens so far) and Gated DeltaNet state, so tokens/s <= B x bandwidth / bytes.
+
+Peak FLOP/s and HBM bandwidth come from `GPUS`, keyed by a substring of
+`nvidia-smi --query-gpu=name`.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from configs import base  # noqa: E402
+from models import qwen3_5  # noqa: E402
+from models.config import FULL, LINEAR  # noqa: E402
+
+import train_step as train_bench  # noqa: E402  (a sibling: benchmarks/ is sys.path[0])
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+# name substring -> (dense bf16 peak FLOP/s, HBM bytes/s), from the vendors' data sheets. The
+# first match wins, so the more specific names come first.
+GPUS = {
+    "GB200": (2.5e15, 8.0e12),
+    "B200": (2.25e15, 8.0e12),
+    "H200": (989e12, 4.8e12),
+    "H100 PCIe": (756e12, 2.0e12),
+    "H100 NVL": (835e12, 3.9e12),
+    "H100": (989e12, 3.35e12),
+    "GH200": (989e12, 4.0e12),
+    "A100-SXM4-40GB": (312e12, 1.555e12),
+    "A100": (312e12, 2.039e12),
+    "L40S": (362e12, 0.864e12),
+    "L4": (121e12, 0.3e12),
+    "A10G": (70e12, 0.6e12),
+}
+
+# The model: widths of a ~1B-parameter MoE with ~1/8 of it active (64 experts, top-2), in the
+# flags of benchmarks/model_step.py; `smoke`: a tiny one for the CPU.
+SIZES = {
+    "1b": dict(hidden=1024, layers=12, heads=8, head_dim=128, experts=64, topk=2, moe_ffn=384,
+               vocab=32768),
+    "smoke": dict(hidden=64, layers=4, heads=4, head_dim=16, experts=8, topk=2, moe_ffn=32,
+                  vocab=1024),
+}
+# Batch shapes per size: model_step rows x tokens; train_step prompts x samples x tokens in
+# micro-batches; decode prompt length, timed steps, concurrencies.
+RUNS = {
+    "1b": dict(step_batch=8, step_seq=2048, prompts=8, samples=4, train_seq=2048, micro=4,
+               prompt_len=256, decode_tokens=64, concurrency=(8, 32, 128)),
+    "smoke": dict(step_batch=2, step_seq=128, prompts=2, samples=2, train_seq=128, micro=1,
+                  prompt_len=16, decode_tokens=4, concurrency=(2, 4)),
+}
+
+
+def gpu_figures(name: str):
+  """(peak bf16 FLOP/s, HBM bytes/s) of the GPU called `name`; None when it is not in GPUS."""
+  for key, figures in GPUS.items():
+    if key.lower() in name.lower():
+      return figures
+  return None
+
+
+def model_overrides(size: dict, dtype: str) -> dict:
+  """The model config keys of `size` (benchmarks/model_step.py's flags) as config fields."""
+  h, heads, hd = size["hidden"], size["heads"], size["head_dim"]
+  return dict(hidden_size=h, num_hidden_layers=size["layers"], vocab_size=size["vocab"],
+              num_attention_heads=heads, num_key_value_heads=2, head_dim=hd,
+              linear_num_key_heads=heads // 2, linear_num_value_heads=heads,
+              linear_key_head_dim=hd, linear_value_head_dim=hd,
+              num_experts=size["experts"], num_experts_per_tok=size["topk"],
+              moe_intermediate_size=size["moe_ffn"],
+              shared_expert_intermediate_size=size["moe_ffn"],
+              tie_word_embeddings=False, partial_rotary_factor=0.25,
+              param_dtype=dtype, dtype=dtype)
+
+
+def model_config(size: dict, dtype: str = "bfloat16"):
+  """The ModelConfig of `size` (base defaults otherwise)."""
+  m = base.get_model_config()
+  m.update(model_overrides(size, dtype))
+  return qwen3_5.config_from_dict(m)
+
+
+def flops_per_token(cfg, seq: int) -> float:
+  """Model FLOPs per trained token (forward + backward) of rows of `seq` tokens."""
+  return train_bench.model_flops_per_step(cfg, 1, seq, 0) / seq
+
+
+def decode_bytes_per_step(cfg, batch: int, context: float, weight_bytes: int = 2,
+                          cache_bytes: int = 2) -> float:
+  """HBM bytes one decode step of `batch` sequences of `context` tokens must read.
+
+  Weights: every non-routed weight (the input embedding excluded: a row lookup) and, per MoE
+  layer, the routed experts the batch's tokens hit, E (1 - (1 - k/E)^batch) in expectation.
+  Cache: the keys and values of the attention layers over `context` tokens, the Gated DeltaNet
+  states (float32) and conv windows.
+  """
+  counts = qwen3_5.count_params(cfg)
+  dense = counts["total"] - counts["routed_experts"] - counts["embedding"]
+  if cfg.tie_word_embeddings:
+    dense += counts["embedding"]   # the LM head reads the whole table
+  routed = counts["routed_experts"]
+  if cfg.use_moe and routed:
+    e, k = cfg.num_experts, cfg.num_experts_per_tok
+    routed *= 1.0 - (1.0 - k / e) ** batch
+  weights = (dense + routed) * weight_bytes
+  n_full = sum(1 for t in cfg.layer_types if t == FULL)
+  n_lin = sum(1 for t in cfg.layer_types if t == LINEAR)
+  kv = n_full * 2 * context * cfg.num_key_value_heads * cfg.head_dim * cache_bytes
+  state = n_lin * (cfg.linear_num_value_heads * cfg.linear_key_head_dim
+                   * cfg.linear_value_head_dim * 4
+                   + (cfg.linear_conv_kernel_dim - 1) * cfg.gdn_conv_dim * cache_bytes)
+  return weights + batch * (kv + state)
+
+
+def roofline_tokens_per_s(cfg, batch: int, context: float, bandwidth: float, **kw) -> float:
+  return batch * bandwidth / decode_bytes_per_step(cfg, batch, context, **kw)
+
+
+def _last_json(text: str):
+  for line in reversed(text.strip().splitlines()):
+    if line.startswith("{"):
+      return json.loads(line)
+  raise ValueError("no JSON line in the output")
+
+
+def _run(name: str, cmd: list, timeout: float, env: dict, log_dir: str):
+  """Runs one benchmark; returns (its JSON line, seconds) or ({"error": ...}, seconds)."""
+  t0 = time.time()
+  print(f"[{name}] {' '.join(cmd)}", flush=True)
+  try:
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    with open(os.path.join(log_dir, f"{name}.log"), "w") as f:
+      f.write(p.stdout + "\n--- stderr ---\n" + p.stderr)
+    if p.returncode != 0:
+      tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+      return {"error": f"exit {p.returncode}: " + " | ".join(tail)}, time.time() - t0
+    return _last_json(p.stdout), time.time() - t0
+  except subprocess.TimeoutExpired:
+    return {"error": f"timed out after {timeout:.0f} s"}, time.time() - t0
+  except ValueError as e:
+    return {"error": str(e)}, time.time() - t0
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--out", default="runs/accelerator")
+  ap.add_argument("--smoke", action="store_true", help="tiny config on the CPU")
+  ap.add_argument("--gpu_name", default="", help="'' = nvidia-smi's; the smoke run's default "
+                  "is NVIDIA H200 (its table entry, to exercise the maths)")
+  ap.add_argument("--timeout", type=float, default=100.0,
+                  help="seconds per benchmark (decode: twice)")
+  args = ap.parse_args()
+  size_name = "smoke" if args.smoke else "1b"
+  size, run = SIZES[size_name], RUNS[size_name]
+  dtype = "float32" if args.smoke else "bfloat16"
+  out_dir = os.path.join(REPO, args.out) if not os.path.isabs(args.out) else args.out
+  os.makedirs(out_dir, exist_ok=True)
+  env = dict(os.environ)
+  if args.smoke:
+    env["JAX_PLATFORMS"] = "cpu"
+  gpu = args.gpu_name
+  if not gpu:
+    if args.smoke:
+      gpu = "NVIDIA H200"
+    else:
+      gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                           capture_output=True, text=True, check=True).stdout.splitlines()[0]
+  figures = gpu_figures(gpu)
+  cfg = model_config(size, dtype)
+  counts = qwen3_5.count_params(cfg)
+  print(f"gpu {gpu}: peak bf16 {figures[0] / 1e12:.0f} TFLOP/s, HBM {figures[1] / 1e12:.2f} TB/s"
+        if figures else f"gpu {gpu}: not in the table (no MFU / roofline)")
+  print(f"model ({size_name}): {counts['total'] / 1e9:.3f} B params, "
+        f"{counts['active'] / 1e9:.3f} B "
+        f"active ({counts['total'] / counts['active']:.1f}x fewer), {dtype}")
+  result = {"gpu": gpu, "smoke": args.smoke, "dtype": dtype, "model": size,
+            "params": counts["total"], "active_params": counts["active"],
+            "peak_flops": figures[0] if figures else None,
+            "hbm_bytes_per_s": figures[1] if figures else None}
+  py = sys.executable
+  over = model_overrides(size, dtype)
+
+  # Model step: forward + backward of the jitted model.
+  cmd = [py, os.path.join(HERE, "model_step.py"), "--no_torch", f"--dtype={dtype}",
+         "--compile_layers=", f"--batch={run['step_batch']}", f"--seq={run['step_seq']}",
+         "--iters=5"] + [f"--{k}={v}" for k, v in size.items()]
+  ms, secs = _run("model_step", cmd, args.timeout, env, out_dir)
+  result["model_step"] = dict(ms, wall_s=secs)
+  if "jax_tokens_per_s" in ms and figures:
+    fpt = flops_per_token(cfg, run["step_seq"])
+    result["model_step"]["mfu"] = fpt * ms["jax_tokens_per_s"] / figures[0]
+
+  # Train step: the GRPO step on a synthetic batch; MFU from the config's FLOPs.
+  cmd = [py, os.path.join(HERE, "train_step.py"), "--config=configs/tiny_cpu.py", "--steps=3",
+         f"--config.train.prompts_per_step={run['prompts']}",
+         f"--config.train.samples_per_prompt={run['samples']}",
+         f"--config.train.seq_len={run['train_seq']}",
+         f"--config.train.max_context={run['train_seq']}",
+         f"--config.train.micro_batches={run['micro']}"]
+  cmd += [f"--config.model.{k}={v}" for k, v in over.items()]
+  ts, secs = _run("train_step", cmd, args.timeout, env, out_dir)
+  result["train_step"] = dict(ts, wall_s=secs)
+  if "tokens_per_s" in ts and figures:
+    fpt = flops_per_token(cfg, run["train_seq"])
+    result["train_step"]["flops_per_token"] = fpt
+    result["train_step"]["mfu"] = fpt * ts["tokens_per_s"] / figures[0]
+
+  # Decode: engine tokens/s against the HBM roofline.
+  cmd = [py, os.path.join(HERE, "decode.py"), "--skip_hf", f"--dtype={dtype}",
+         f"--prompt_len={run['prompt_len']}", f"--tokens={run['decode_tokens']}",
+         "--concurrency=" + ",".join(str(c) for c in run["concurrency"])]
+  cmd += [f"--set=model.{k}={v}" for k, v in over.items()]
+  dec, secs = _run("decode", cmd, 2 * args.timeout, env, out_dir)
+  result["decode"] = dict(dec, wall_s=secs)
+  if "engine_tokens_per_s" in dec and figures:
+    context = run["prompt_len"] + run["decode_tokens"] / 2   # mean tokens cached per step
+    wb = 2 if dtype == "bfloat16" else 4
+    roof = {}
+    for c, tps in dec["engine_tokens_per_s"].items():
+      r = roofline_tokens_per_s(cfg, int(c), context, figures[1], weight_bytes=wb,
+                                cache_bytes=wb)
+      roof[c] = {"tokens_per_s": tps, "roofline_tokens_per_s": r, "of_roofline": tps / r}
+    result["decode"]["roofline"] = roof
+
+  path = os.path.join(out_dir, "accelerator.json")
+  with open(path, "w") as f:
+    json.dump(result, f, indent=1)
+  print(json.dumps(result))
+  print(f"wrote {path}")
+  failed = [k for k in ("model_step", "train_step", "decode") if "error" in result[k]]
+  if failed:
+    print(f"failed: {', '.join(failed)} (logs in {out_dir})")
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  main()
