@@ -195,8 +195,8 @@ def main():
   counts = qwen3_5.count_params(cfg)
   print(f"gpu {gpu}: peak bf16 {figures[0] / 1e12:.0f} TFLOP/s, HBM {figures[1] / 1e12:.2f} TB/s"
         if figures else f"gpu {gpu}: not in the table (no MFU / roofline)")
-  print(f"model ({size_name}): {counts['total'] / 1e9:.3f} B params, "
-        f"{counts['active'] / 1e9:.3f} B "
+  print(f"model ({size_name}): {counts['total'] / 1e6:.1f} M params, "
+        f"{counts['active'] / 1e6:.1f} M "
         f"active ({counts['total'] / counts['active']:.1f}x fewer), {dtype}")
   result = {"gpu": gpu, "smoke": args.smoke, "dtype": dtype, "model": size,
             "params": counts["total"], "active_params": counts["active"],
