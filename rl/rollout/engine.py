@@ -387,8 +387,13 @@ class QwenEngine(engine_api.Engine):
     return out
 
   def _generate_impl(self, params, state, version):
-    keys = jax.vmap(lambda k, s: jax.random.fold_in(jax.random.wrap_key_data(k), s))(
-        state["key"], state["step"])
+    # Each row's key for this step; a batch of greedy rows draws nothing (sampling.sample) and
+    # skips the derivation too.
+    fold = jax.vmap(lambda k, s: jax.random.key_data(
+        jax.random.fold_in(jax.random.wrap_key_data(k), s)))
+    keys = jax.random.wrap_key_data(jax.lax.cond(
+        jnp.all(state["temperature"] <= 0), lambda k, s: jnp.zeros_like(k), fold,
+        state["key"], state["step"]))
     tokens, logprobs = sampling.sample(state["logits"], state["temperature"], state["top_k"],
                                        state["top_p"], keys)
     logits, cache = qwen3_5.decode_step(self.cfg, params, state["cache"], tokens)

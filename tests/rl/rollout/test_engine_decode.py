@@ -1,0 +1,75 @@
+"""The engine's generate step: the ids it samples are those its contract names, the draw at step s
+of a request with seed (lo, hi) from fold_in(fold_in(key(lo), hi), s), whether the batch samples,
+mixes greedy and sampling rows, or is all greedy (which skips the draw)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from configs import base
+from models import qwen3_5
+from rl.rollout import sampling
+from rl.rollout.engine import PrefillInput, QwenEngine, SamplingSettings
+
+_PROMPT, _STEPS = 8, 6
+
+
+def _model():
+  m = base.get_model_config()
+  m.initializer_range = 0.2
+  cfg = qwen3_5.config_from_dict(m)
+  return cfg, qwen3_5.init_params(cfg, jax.random.key(0))
+
+
+def _engine_ids(engine, prompts, settings):
+  handle = engine.load_params()
+  state = engine.init_decode_state()
+  for slot, (p, s) in enumerate(zip(prompts, settings)):
+    prefix = engine.prefill(params=handle, padded_tokens=PrefillInput(p, s), true_length=_PROMPT)
+    state = engine.insert(prefix, state, slot)
+  ids = []
+  for _ in range(_STEPS):
+    state, res = engine.generate(handle, state)
+    ids.append(np.asarray(res.data)[:, 0])
+  return np.stack(ids, axis=1)
+
+
+def _reference_ids(cfg, params, prompts, settings):
+  """The same requests decoded together by the model's own prefill / decode_step and the
+  sampler, with each row's key derived as the engine documents."""
+  prefill = jax.jit(qwen3_5.prefill, static_argnums=(0, 4))
+  decode_step = jax.jit(qwen3_5.decode_step, static_argnums=(0,))
+  sample = jax.jit(sampling.sample)
+  logits, cache = prefill(cfg, params, jnp.asarray(np.stack(prompts)),
+                          jnp.full((len(prompts),), _PROMPT, jnp.int32), 32)
+  temp = jnp.asarray([s.temperature for s in settings], jnp.float32)
+  zeros_k, ones_p = jnp.zeros(len(prompts), jnp.int32), jnp.ones(len(prompts), jnp.float32)
+  base_keys = [jax.random.fold_in(jax.random.key(np.uint32(s.seed)), np.uint32(0))
+               for s in settings]
+  ids = []
+  for step in range(_STEPS):
+    keys = jnp.stack([jax.random.fold_in(k, step) for k in base_keys])
+    tok, _ = sample(logits, temp, zeros_k, ones_p, keys)
+    ids.append(np.asarray(tok))
+    logits, cache = decode_step(cfg, params, cache, tok)
+  return np.stack(ids, axis=1)
+
+
+def test_sampled_ids_follow_the_documented_keys_in_sampling_mixed_and_greedy_batches():
+  cfg, params = _model()
+  engine = QwenEngine(cfg, slots=4, max_len=32, prefill_buckets=(_PROMPT,), params=params)
+  rng = np.random.default_rng(0)
+  prompts = [rng.integers(10, cfg.vocab_size, _PROMPT).astype(np.int32) for _ in range(4)]
+  batches = {
+      "sampling": [SamplingSettings(temperature=1.0, seed=s) for s in (5, 6, 7, 8)],
+      "mixed": [SamplingSettings(temperature=t, seed=s)
+                for t, s in ((1.0, 5), (0.0, 6), (0.7, 7), (0.0, 8))],
+      "greedy": [SamplingSettings(temperature=0.0, seed=s) for s in (5, 6, 7, 8)],
+  }
+  for name, settings in batches.items():
+    got = _engine_ids(engine, prompts, settings)
+    np.testing.assert_array_equal(got, _reference_ids(cfg, params, prompts, settings),
+                                  err_msg=name)
+  # Sampling rows really sample: the same request with another seed takes other ids.
+  other = [SamplingSettings(temperature=1.0, seed=s) for s in (15, 16, 17, 18)]
+  assert (_engine_ids(engine, prompts, other) != _engine_ids(
+      engine, prompts, batches["sampling"])).any()
