@@ -78,6 +78,9 @@ def _unit_lower_inverse(strict_lower):
 
   L is nilpotent, so (I + L)^-1 = sum_j (-L)^j = (I - L)(I + L^2)(I + L^4)... with log2(c)
   factors. Matmuls suit every backend (no LAPACK custom call on CPU, MXU-friendly on TPU).
+  On CPU `jax.scipy.linalg.solve_triangular` of the same systems (64 of 64 x 64, 64 right-hand
+  sides) took ~10x the time of this loop and its product (500 vs 52 ms), so the forward keeps
+  the loop; its gradient is `_unit_lower_solve`'s hand-written one.
   """
   c = strict_lower.shape[-1]
   eye = jnp.eye(c, dtype=strict_lower.dtype)
