@@ -4,6 +4,7 @@ mixes greedy and sampling rows, or is all greedy (which skips the draw)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from configs import base
 from models import qwen3_5
@@ -54,6 +55,7 @@ def _reference_ids(cfg, params, prompts, settings):
   return np.stack(ids, axis=1)
 
 
+@pytest.mark.slow  # ~40 s: three engine runs and their references
 def test_sampled_ids_follow_the_documented_keys_in_sampling_mixed_and_greedy_batches():
   cfg, params = _model()
   engine = QwenEngine(cfg, slots=4, max_len=32, prefill_buckets=(_PROMPT,), params=params)
