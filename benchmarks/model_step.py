@@ -12,7 +12,8 @@ RMSNorms, the Gated DeltaNet layer and its chunked delta rule, the attention lay
 block and its routing, routed experts (and their dispatch / expert matmuls / combine) and
 shared expert) runs as its own jitted function on the shapes it has inside the model, forward
 and forward+backward, beside the matching module of transformers' Qwen3.5 MoE built from the
-same weights, the pairs timed in alternating rounds in one process (medians). The table gives
+same weights, timed in alternating rounds in one process (each round: every JAX function,
+then every torch one; medians over rounds). The table gives
 ms per call and the number of layers each counts for; the whole step minus the sum of the
 top-level parts x layers is the layer scan and glue overhead. The table is in the JSON line
 under "breakdown".
@@ -358,14 +359,20 @@ def run_breakdown(args, cfg, params, tokens, jax_step, torch_model, torch_step):
   reps = {(nm, side, kind): _reps(pair[kind]) for nm in names
           for side, pair in (("jax", comps[nm][1]), ("torch", comps[nm][2])) if pair
           for kind in (0, 1)}
+  # A round times every JAX function, then every torch one: right after torch's calls its
+  # OpenMP threads still spin for a while and would be billed to a JAX call timed next (the
+  # pause lets them go idle first).
   for _ in range(args.breakdown_rounds):
+    time.sleep(0.2)
     _time_ms(jax_step, step_times["jax"])
+    for nm in names:
+      for kind in (0, 1):
+        _time_ms(comps[nm][1][kind], times[(nm, "jax", kind)], reps[(nm, "jax", kind)])
     if torch_step:
       _time_ms(torch_step, step_times["torch"])
     for nm in names:
-      _, jp, tp = comps[nm]
+      tp = comps[nm][2]
       for kind in (0, 1):
-        _time_ms(jp[kind], times[(nm, "jax", kind)], reps[(nm, "jax", kind)])
         if tp:
           _time_ms(tp[kind], times[(nm, "torch", kind)], reps[(nm, "torch", kind)])
   med = lambda xs: float(np.median(xs)) if xs else None
