@@ -51,6 +51,7 @@ import shutil
 import tempfile
 import zipfile
 
+from envs.tasks import rubric
 from envs.tasks.task import SPLITS, Task
 
 TASKS_INDEX = "tasks_and_rubrics.json"
@@ -61,8 +62,6 @@ TASK_FILES = "task_files"
 GOLD_FILES = "gold_files"
 SUBSYSTEMS = ("filesystem", ".apps_data")
 GOLD_RESPONSE_KEY = "gold_response"
-_TEXT_EXTS = (".txt", ".md", ".csv", ".tsv", ".json", ".html", ".htm", ".xml", ".py", ".yaml",
-              ".yml", ".eml", ".ics", ".log")
 
 
 class ArchipelagoFormatError(ValueError):
@@ -199,34 +198,11 @@ def task_world(world: str, task_files: str, task_id: str, cache_root: str) -> st
 
 
 def file_text(path: str) -> str:
-  """A reference file as text for a judge."""
-  low = path.lower()
-  if low.endswith(_TEXT_EXTS):
-    with open(path, encoding="utf-8", errors="replace") as f:
-      return f.read()
-  if low.endswith(".docx"):
-    import docx  # lazy: document library, only for a reference file of that format
-    d = docx.Document(path)
-    rows = ["\t".join(c.text for c in r.cells) for t in d.tables for r in t.rows]
-    return "\n".join([p.text for p in d.paragraphs] + rows)
-  if low.endswith(".pptx"):
-    from pptx import Presentation  # lazy: document library, for a reference file of that format
-    return "\n\n".join(
-        f"[slide {i}]\n" + "\n".join(sh.text_frame.text for sh in s.shapes if sh.has_text_frame)
-        for i, s in enumerate(Presentation(path).slides, 1))
-  if low.endswith((".xlsx", ".xlsm")):
-    import openpyxl  # lazy: document library, only for a reference file of that format
-    wb = openpyxl.load_workbook(path, data_only=True, read_only=True)
-    out = []
-    for ws in wb.worksheets:
-      out.append(f"[sheet {ws.title}]")
-      out += ["\t".join("" if v is None else str(v) for v in row)
-              for row in ws.iter_rows(values_only=True)]
-    return "\n".join(out)
-  if low.endswith(".pdf"):
-    import pypdf  # lazy: PDF library, only for a reference file of that format
-    return "\n".join(p.extract_text() or "" for p in pypdf.PdfReader(path).pages)
-  return f"[{os.path.basename(path)}: {os.path.getsize(path)} bytes, no text extracted]"
+  """A reference file as text for a judge (envs.tasks.rubric.judge_text); binary data as a note."""
+  text = rubric.judge_text(path)
+  if "\x00" in text:
+    return f"[{os.path.basename(path)}: {os.path.getsize(path)} bytes, no text extracted]"
+  return text
 
 
 def _gold_files(folder: str) -> dict:

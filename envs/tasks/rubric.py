@@ -119,10 +119,13 @@ def _doc_text(path: str) -> str:
 
 
 def judge_text(path: str) -> str:
-  """A file's text as the judge is shown it: documents and decks as for file_contains, workbooks
-  as one tab-separated line per row under a line per sheet."""
-  if path.lower().endswith(".xlsx"):
-    import openpyxl  # lazy: document library, for a criterion on that format
+  """A file's text as a judge is shown it: documents and decks as for file_contains (plus a
+  document's tables, one tab-separated line per row), workbooks as one tab-separated line per row
+  under a line per sheet, PDFs through pypdf; other files as text (binary data keeps its NULs, for
+  the caller to tell)."""
+  low = path.lower()
+  if low.endswith((".xlsx", ".xlsm")):
+    import openpyxl  # lazy: document library, for a file of that format
     wb = openpyxl.load_workbook(path, data_only=True, read_only=True)
     lines = []
     for ws in wb.worksheets:
@@ -131,6 +134,14 @@ def judge_text(path: str) -> str:
                 for row in ws.iter_rows(values_only=True)]
     wb.close()
     return "\n".join(lines)
+  if low.endswith(".docx"):
+    import docx  # lazy: document library, for a file of that format
+    d = docx.Document(path)
+    rows = ["\t".join(c.text for c in r.cells) for t in d.tables for r in t.rows]
+    return "\n".join([p.text for p in d.paragraphs] + rows)
+  if low.endswith(".pdf"):
+    import pypdf  # lazy: PDF library, for a file of that format
+    return "\n".join(p.extract_text() or "" for p in pypdf.PdfReader(path).pages)
   return _doc_text(path)
 
 
