@@ -1,6 +1,7 @@
 """Worlds served by external MCP servers (envs/harness/mcp_worlds.py) through the harness.
 
-Real servers throughout: the reference git server (mcp-server-git, started per working copy
+Tasks come from a JSONL task file (fixtures/mcp_git_tasks.jsonl). Real servers throughout: the
+reference git server (mcp-server-git, started per working copy
 over stdio), a streamable-HTTP server built with the `mcp` package (fixtures/http_notes_server.py)
 and, for injected faults only, a stdio server that misbehaves on request
 (fixtures/faulty_mcp_server.py). Policies are token-level scripted policies (their tool calls
@@ -36,9 +37,10 @@ from envs.harness.policy import Observation
 from envs.harness.policy import Action
 from envs.harness.policy import ScriptedPolicy
 from envs.harness.pool import AgentPool
+from envs.tasks import task_file
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
-GIT_WORLD = os.path.join(FIXTURES, "mcp_git_world")
+GIT_TASKS = os.path.join(FIXTURES, "mcp_git_tasks.jsonl")  # world_dir: mcp_git_world
 NOTES_WORLD = os.path.join(FIXTURES, "mcp_notes_world")
 FAULTY = os.path.join(FIXTURES, "faulty_mcp_server.py")
 NOTES_SERVER = os.path.join(FIXTURES, "http_notes_server.py")
@@ -99,31 +101,11 @@ def _run(c, tasks, plans, work_root, workers=1):
 
 
 def _git_tasks():
-  repo = {"repo_path": "files"}  # relative to the server's working directory, the world copy
-  branch = _task("branch", "Create the branch release-2 from main and switch to it.",
-                 [dict(type="file_contains", path=".git/HEAD",
-                       contains=[{"text": "ref: refs/heads/release-2"}],
-                       description="on release-2"),
-                  dict(type="answer_text", text="On branch release-2", description="reports it")],
-                 GIT_WORLD)
-  listing = _task("branches", "List the local branches and the working tree's status.",
-                  [dict(type="answer_text", text="* main", description="main is checked out"),
-                   dict(type="answer_text", text="todo.txt", description="sees its input file"),
-                   dict(type="unchanged", path=".git/HEAD", description="HEAD untouched")],
-                  GIT_WORLD, input_files={"todo.txt": "reconcile the Q3 ledger\n"})
-  log = _task("log", "What is the subject of the latest commit?",
-              [dict(type="answer_text", text="Initial import of the ledger", description="subject"),
-               dict(type="answer_text", text="Reconciled Q4",
-                    description="a commit that is not there")],
-              GIT_WORLD)
-  plans = {
-      branch.prompt: [("git_create_branch", dict(repo, branch_name="release-2")),
-                      ("git_checkout", dict(repo, branch_name="release-2")),
-                      ("git_status", repo)],
-      listing.prompt: [("git_branch", dict(repo, branch_type="local")), ("git_status", repo)],
-      log.prompt: [("git_log", dict(repo, max_count=1))],
-  }
-  return [branch, listing, log], plans
+  """The git tasks of the JSONL fixture (read as a user's task file is) and each one's plan:
+  its oracle's tool calls, played by PlanPolicy."""
+  tasks = task_file.read_jsonl(GIT_TASKS)
+  plans = {t.prompt: [(s["name"], s["args"]) for s in t.oracle_steps] for t in tasks}
+  return [dataclasses.replace(t, oracle_steps=()) for t in tasks], plans
 
 
 def _git_config():
