@@ -8,6 +8,7 @@ import time
 import uuid
 
 import docx
+import ml_collections
 import openpyxl
 import pptx
 import pytest
@@ -98,9 +99,11 @@ def _attempts(s):
       ("import the project", "python", "import envs.sandbox", {"error"}),
       ("import the project", "shell", f"cd {ROOT} 2>&1; python3 -c 'import envs'", {"error"}),
       ("another world", "python", f"print(open({other!r}).read())", {"error"}),
+      # One walk of the whole root (~150k entries, the read-only system and Python included:
+      # seconds on a loaded machine, hence WALK_LIMITS), every hit printed.
       ("another world by walking /", "shell",
-       "find / -name 'answers.txt' -o -name 'manifest.json' 2>/dev/null | xargs -r cat; "
-       "test -z \"$(find / -name 'answers.txt' 2>/dev/null)\" || exit 1", {"ok"}),
+       "hits=$(find / \\( -name 'answers.txt' -o -name 'manifest.json' \\) 2>/dev/null); "
+       "echo \"$hits\" | xargs -r cat; case \"$hits\" in *answers.txt*) exit 1;; esac", {"ok"}),
       ("planted file in /tmp", "python", f"print(open({planted!r}).read())", {"error"}),
       ("planted file in /tmp", "shell", f"cat {planted}", {"error"}),
       ("a link planted in the world", "shell", "cat link_out", {"error"}),
@@ -140,9 +143,17 @@ def _attempts(s):
   ]
 
 
-def _run(language, code, files_dir, cfg):
+# The attempt that walks the whole root gets the time a walk takes (the others' limits stay tight).
+WALK_LIMITS = dict(wall_s=30.0, cpu_s=20)
+
+
+def _run(language, code, files_dir, cfg, limits=None):
   fn = sandbox.run_python if language == "python" else sandbox.run_shell
-  return fn(code, files_dir, cfg.sandbox, 4000)
+  box = cfg.sandbox
+  if limits:
+    box = ml_collections.ConfigDict(box.to_dict())
+    box.update(limits)
+  return fn(code, files_dir, box, 4000)
 
 
 def test_confinement_is_in_effect_here(cfg):
@@ -152,7 +163,7 @@ def test_confinement_is_in_effect_here(cfg):
 def test_every_escape_attempt_is_blocked_and_classified(files_dir, cfg, secrets):
   os.symlink(secrets["planted"], os.path.join(files_dir, "link_out"))
   for name, language, code, statuses in _attempts(secrets):
-    r = _run(language, code, files_dir, cfg)
+    r = _run(language, code, files_dir, cfg, WALK_LIMITS if "walking /" in name else None)
     shown = r.stdout + r.stderr
     assert r.status in statuses, (name, language, r)
     for leak in _LEAKS:
