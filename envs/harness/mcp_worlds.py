@@ -304,9 +304,7 @@ class McpStdioWorldSpec:
   tool_timeout_s: float = 30.0
 
   def start(self) -> McpWorld:
-    task = tasks_lib.Task.from_json(self.task_json)
-    cfg = ml_collections.ConfigDict(self.envs_cfg)
-    work_root = _once_per_process(self.work_root)
+    task, cfg, work_root = _episode_inputs(self)
     key = (self.world_src, cfg.mcp.command, cfg.mcp.setup)
     for k in [k for k in _CACHE if k != key]:
       _CACHE.pop(k).close()
@@ -340,6 +338,12 @@ class McpStdioWorldSpec:
         copy.close()
     return McpWorld(task, cfg, server, (copy.base, copy.inst.path), self.tool_timeout_s, done,
                     copy.log)
+
+
+def _episode_inputs(spec) -> tuple:
+  """(task, envs config, work root) of an episode of either spec."""
+  return (tasks_lib.Task.from_json(spec.task_json), ml_collections.ConfigDict(spec.envs_cfg),
+          _once_per_process(spec.work_root))
 
 
 def _once_per_process(work_root: str) -> str:
@@ -414,9 +418,7 @@ class McpHttpWorldSpec:
   tool_timeout_s: float = 30.0
 
   def start(self) -> McpWorld:
-    task = tasks_lib.Task.from_json(self.task_json)
-    cfg = ml_collections.ConfigDict(self.envs_cfg)
-    work_root = _once_per_process(self.work_root)
+    task, cfg, work_root = _episode_inputs(self)
     headers = request_headers(cfg.mcp.headers_env)
     world = os.path.realpath(task.world_dir) if task.world_dir else ""
     run_reset(cfg.mcp.reset, headers, world, float(cfg.gateway_start_timeout_s))
