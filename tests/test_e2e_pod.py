@@ -161,6 +161,12 @@ def killed_and_rerun(tmp_path_factory):
 
 def test_two_processes_train_as_one_process_does(one_process_run, killed_and_rerun):
   _assert_same_run(one_process_run, killed_and_rerun["run_dir"])
+  # The default recipe's loss acted on non-zero advantages (tests/test_e2e_rl_options.py counts
+  # this run as the default configuration's arm).
+  train = [r for r in _metrics(one_process_run) if r["phase"] == "train"]
+  assert [r["step"] for r in train] == [1, 2]
+  assert sum(r["train/live_rows"] for r in train) > 0
+  assert any(r["optim/update_norm"] > 0 for r in train)
   logs = killed_and_rerun["logs"]
   assert "RL raised pass@1" in logs[0] and "RL raised pass@1" not in logs[1]   # one writer
 

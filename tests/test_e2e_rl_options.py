@@ -3,8 +3,9 @@ shipped base (real JetStream server, worlds, agent pool, orbax checkpoints) unde
 and between them the arms cover every registered advantage estimator, policy loss and loss
 reduction, both TIS modes, both KL estimators (the KL penalty's reference policy held in the
 train state), dynamic sampling, bounded staleness, recomputed old logprobs, mini-batches, the
-dual clip, the MoE balance loss and SGD. The default (GRPO, DPPO binary-TV, prompt_mean) runs
-in tests/test_e2e_rl.py and tests/test_e2e_pod.py.
+dual clip, the MoE balance loss and SGD. The default (GRPO, DPPO binary-TV, prompt_mean) is
+the arm of tests/test_e2e_pod.py (which also checks that its loss acts on non-zero advantages)
+and tests/test_e2e_rl.py, and counts here as one.
 
 Slow (one launch per arm, ~1 minute each on 2 cores): `make test-all`.
 """
@@ -15,6 +16,7 @@ import sys
 
 import pytest
 
+from configs import tiny_cpu
 from rl import advantages
 from rl import grpo
 from rl import policy_losses
@@ -42,8 +44,12 @@ ARMS = {
         "rl.policy_loss": "rollout_is", "rl.loss_reduction": "seq_mean_token_sum_norm",
         "rl.filter_zero_variance": False, "rl.moe_aux_loss_coef": 0.01, "optim.name": "sgd",
         "optim.lr": 0.05},
-    "dppo_prompt_mean": {"rl.policy_loss": "dppo_binary_tv", "rl.loss_reduction": "prompt_mean"},
 }
+# The default configuration's arm, run by tests/test_e2e_pod.py.
+_DEFAULT = tiny_cpu.get_config()
+DEFAULT_ARM = {"rl.advantage": _DEFAULT.rl.advantage, "rl.policy_loss": _DEFAULT.rl.policy_loss,
+               "rl.loss_reduction": _DEFAULT.rl.loss_reduction,
+               "rl.tis.mode": _DEFAULT.rl.tis.mode}
 
 
 def _run(tmp_path, name, arm) -> list:
@@ -61,7 +67,8 @@ def _run(tmp_path, name, arm) -> list:
 
 
 def test_the_arms_cover_every_registered_option():
-  values = lambda key, default: {arm.get(key, default) for arm in ARMS.values()}
+  arms = [*ARMS.values(), DEFAULT_ARM]
+  values = lambda key, default: {arm.get(key, default) for arm in arms}
   assert values("rl.advantage", "grpo") == set(advantages.available_advantage_estimators())
   assert values("rl.policy_loss", "dppo_binary_tv") == set(policy_losses.available_policy_losses())
   assert values("rl.loss_reduction", "prompt_mean") == set(grpo.available_loss_reductions())

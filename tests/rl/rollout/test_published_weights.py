@@ -67,7 +67,7 @@ def server(config, cfg):
 def sync(server, tmp_path):
   s, _ = server
   watcher = WeightWatcher(str(tmp_path / "weights"), s.engine, poll_s=0.05).start()
-  publisher = WeightPublisher(str(tmp_path / "weights"), [s.address], timeout_s=20, poll_s=0.05)
+  publisher = WeightPublisher(str(tmp_path / "weights"), [s.address], timeout_s=120, poll_s=0.05)
   yield watcher, publisher
   publisher.stop()
   watcher.stop()
@@ -135,7 +135,7 @@ def test_float32_masters_published_to_a_bfloat16_server_are_served_cast(config, 
                          initial_version=UNLOADED)
   client = TokenClient(s.address, timeout_s=120)
   watcher = WeightWatcher(str(tmp_path / "weights"), s.engine, poll_s=0.05).start()
-  publisher = WeightPublisher(str(tmp_path / "weights"), [s.address], timeout_s=20, poll_s=0.05)
+  publisher = WeightPublisher(str(tmp_path / "weights"), [s.address], timeout_s=120, poll_s=0.05)
   try:
     masters = _params(cfg, 0)
     publisher.update_weights(masters, 0)
