@@ -7,7 +7,7 @@ dual clip, the MoE balance loss and SGD. The default (GRPO, DPPO binary-TV, prom
 the arm of tests/test_e2e_pod.py (which also checks that its loss acts on non-zero advantages)
 and tests/test_e2e_rl.py, and counts here as one.
 
-Slow (one launch per arm, ~1 minute each on 2 cores): `make test-all`.
+Slow (one launch per arm, 1-5 minutes each on 2 cores, longer beside other tests): `make test-all`.
 """
 import json
 import os
