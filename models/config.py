@@ -48,10 +48,10 @@ class ModelConfig:
   scan_layers: bool
   remat: str
   attention_query_chunk: int = 0
-  attention_causal_block: int = 0
+  attention_causal_block: int = -1
   logits_chunk: int = 0
   gdn_backward: str = "custom"
-  scan_unroll: int = 1
+  scan_unroll: int = -1
   attention_impl: str = "auto"
   moe_dispatch: str = "auto"
   moe_block_size: int = 128
@@ -77,8 +77,12 @@ class ModelConfig:
       raise ValueError(f"remat must be 'none' or 'full', got {self.remat!r}")
     if self.gdn_backward not in ("custom", "autodiff"):
       raise ValueError(f"gdn_backward must be 'custom' or 'autodiff', got {self.gdn_backward!r}")
-    if self.scan_unroll < 0:
-      raise ValueError(f"scan_unroll must be >= 0 (0 = fully unrolled), got {self.scan_unroll}")
+    if self.scan_unroll < -1:
+      raise ValueError(f"scan_unroll must be >= -1 (-1 = auto, 0 = fully unrolled), got "
+                       f"{self.scan_unroll}")
+    if self.attention_causal_block < -1:
+      raise ValueError(f"attention_causal_block must be >= -1 (-1 = auto, 0 = one block), got "
+                       f"{self.attention_causal_block}")
     if self.attention_impl not in ("auto", "reference", "xla", "cudnn"):
       raise ValueError("attention_impl must be 'auto', 'reference', 'xla' or 'cudnn', got "
                        f"{self.attention_impl!r}")
@@ -195,7 +199,7 @@ def from_hf_dict(d: Mapping[str, Any], *, dtype: str = "float32", **overrides) -
       scan_layers=True,
       remat="none",
       attention_query_chunk=0,
-      attention_causal_block=0,
+      attention_causal_block=-1,
       logits_chunk=0,
   )
   kw.update(overrides)

@@ -33,6 +33,7 @@ from jax.sharding import AbstractMesh, AxisType
 
 from models import qwen3_5
 from models import sharding
+from models.layers import attention
 from rl import train_step
 from rl.rollout import capacity
 
@@ -145,8 +146,8 @@ def activation_bytes(mc, seq: int, rows: float, tensor_ways: int, length_ways: i
   # hold the lower-triangular blocks only, (n + 1) / 2n of the square with n blocks.
   if 0 < mc.attention_query_chunk < seq:
     score_area = mc.attention_query_chunk * seq
-  elif 0 < mc.attention_causal_block < seq:
-    n = -(-seq // mc.attention_causal_block)
+  elif 0 < attention.causal_block(mc) < seq:
+    n = -(-seq // attention.causal_block(mc))
     score_area = seq * seq * (n + 1) / (2 * n)
   else:
     score_area = seq * seq

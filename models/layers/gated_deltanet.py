@@ -73,16 +73,32 @@ def _mm(a, b):
   return jnp.matmul(a, b, precision=_HIGHEST)
 
 
+# Diagonal blocks of at most this size are inverted by the matmul product; larger ones by halves.
+_INVERSE_BASE = 16
+
+
 def _unit_lower_inverse(strict_lower):
   """(I + L)^-1 for strictly lower-triangular L [..., c, c], by matmuls only.
 
-  L is nilpotent, so (I + L)^-1 = sum_j (-L)^j = (I - L)(I + L^2)(I + L^4)... with log2(c)
-  factors. Matmuls suit every backend (no LAPACK custom call on CPU, MXU-friendly on TPU).
-  On CPU `jax.scipy.linalg.solve_triangular` of the same systems (64 of 64 x 64, 64 right-hand
-  sides) took ~10x the time of this loop and its product (500 vs 52 ms), so the forward keeps
-  the loop; its gradient is `_unit_lower_solve`'s hand-written one.
+  By halves: [[A, 0], [C, B]]^-1 = [[A^-1, 0], [-B^-1 C A^-1, B^-1]], the two diagonal halves
+  inverted together as one batch, down to blocks of `_INVERSE_BASE`, which are inverted as
+  the nilpotent series (I + L)^-1 = (I - L)(I + L^2)(I + L^4)... (log2 of the block size
+  factors). Matmuls suit every backend (no LAPACK custom call on CPU, MXU-friendly on TPU).
+  On CPU, for 256 systems of 64 x 64 (4 x 1024 tokens, 4 heads): 5.8 ms by halves against
+  50 ms for the series over the whole 64 x 64 (which costs 10 full-size matmuls), with the
+  same error against float64 (2e-7); `jax.scipy.linalg.solve_triangular` took ~10x the
+  series' time. The gradient is `_unit_lower_solve`'s hand-written one.
   """
   c = strict_lower.shape[-1]
+  if c > _INVERSE_BASE and c % 2 == 0:
+    h = c // 2
+    halves = _unit_lower_inverse(jnp.stack([strict_lower[..., :h, :h],
+                                            strict_lower[..., h:, h:]], axis=-3))
+    top_inv, bottom_inv = halves[..., 0, :, :], halves[..., 1, :, :]
+    corner = -_mm(bottom_inv, _mm(strict_lower[..., h:, :h], top_inv))
+    zeros = jnp.zeros_like(top_inv)
+    return jnp.concatenate([jnp.concatenate([top_inv, zeros], -1),
+                            jnp.concatenate([corner, bottom_inv], -1)], -2)
   eye = jnp.eye(c, dtype=strict_lower.dtype)
   power = -strict_lower
   inverse = eye + power

@@ -219,10 +219,13 @@ def forward(p, x, cfg: ModelConfig):
   b, s, h = x.shape
   dt = cfg.jnp_dtype
   flat = x.reshape(b * s, h).astype(dt)
-  logits, weights, experts = route(p["router"], flat, cfg)
-  out = routed_experts(p, flat, weights, experts, cfg)
+  with jax.named_scope("route"):
+    logits, weights, experts = route(p["router"], flat, cfg)
+  with jax.named_scope("routed"):
+    out = routed_experts(p, flat, weights, experts, cfg)
   if cfg.shared_expert_intermediate_size:
-    shared = swiglu(p, flat, dt, prefix="shared_")
-    scale = jax.nn.sigmoid(common.dense(flat, p["shared_expert_gate"][:, None], dt))
+    with jax.named_scope("shared"):
+      shared = swiglu(p, flat, dt, prefix="shared_")
+      scale = jax.nn.sigmoid(common.dense(flat, p["shared_expert_gate"][:, None], dt))
     out = out + scale * shared
   return out.reshape(b, s, h), logits

@@ -196,14 +196,27 @@ def _loss_and_grads(cfg, params, tokens):
   return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
 
 
-@pytest.mark.parametrize("unroll", [0, 2])
+@pytest.mark.parametrize("unroll", [0, 2, -1])
 def test_scan_unroll_gives_the_same_logits_and_gradients(two_cycle_model, unroll):
   cfg, params = two_cycle_model
   tokens = jnp.asarray(np.random.default_rng(4).integers(0, cfg.vocab_size, (2, 24)), jnp.int32)
   (_, logits), grads = _loss_and_grads(cfg.replace(scan_unroll=unroll), params, tokens)
-  (_, ref_logits), ref_grads = _loss_and_grads(cfg, params, tokens)
+  # The reference: a scan of one cycle a step.
+  (_, ref_logits), ref_grads = _loss_and_grads(cfg.replace(scan_unroll=1), params, tokens)
   np.testing.assert_allclose(logits, ref_logits, atol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), grads, ref_grads)
+
+
+def test_auto_scan_unroll_unrolls_shallow_models_and_scans_deep_ones(two_cycle_model):
+  cfg, _ = two_cycle_model
+  assert cfg.num_cycles == 2
+  assert qwen3_5.scan_unroll(cfg.replace(scan_unroll=-1)) == 2
+  deep = cfg.replace(num_hidden_layers=12, layer_types=tuple(cfg.cycle) * 3, scan_unroll=-1)
+  assert qwen3_5.scan_unroll(deep) == 1
+  assert qwen3_5.scan_unroll(deep.replace(scan_unroll=0)) == 3
+  assert qwen3_5.scan_unroll(deep.replace(scan_unroll=2)) == 2
+  with pytest.raises(ValueError, match="scan_unroll"):
+    cfg.replace(scan_unroll=-2)
 
 
 def test_router_logits_are_returned_per_moe_layer(model):

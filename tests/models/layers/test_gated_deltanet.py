@@ -78,3 +78,16 @@ def test_unknown_backward_is_a_clear_error():
   q, k, v, a, a_log, beta, s0 = _inputs(jnp.float32, seq=8)
   with pytest.raises(ValueError, match="gdn_backward"):
     gated_deltanet.chunked_delta_rule(q, k, v, a, beta, s0, 4, "symbolic")
+
+
+@pytest.mark.parametrize("c", [8, 24, 33, 64])
+def test_unit_lower_inverse_by_halves_matches_float64(c):
+  """The chunk's (I + L)^-1, by halves down to 16 x 16 blocks (any size, odd ones included),
+  equals numpy's float64 inverse within float32 rounding."""
+  k = jax.random.normal(jax.random.key(c), (3, c, 16))
+  k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
+  lower = jnp.tril(jnp.einsum("bid,bjd->bij", k, k), -1)
+  want = np.linalg.inv(np.eye(c) + np.asarray(lower, np.float64))
+  got = np.asarray(gated_deltanet._unit_lower_inverse(lower))
+  np.testing.assert_allclose(got, want, atol=2e-6 * np.abs(want).max())
+  assert np.all(np.triu(got, 1) == 0)
