@@ -246,12 +246,14 @@ def breakdown_components(args, cfg, params, tokens, torch_model):
     g = -jax.nn.softplus(jax.random.normal(ks[3], (b, t, nv), jnp.float32))
     beta = jax.nn.sigmoid(jax.random.normal(ks[4], (b, t, nv), jnp.float32))
 
+    chunk = gated_deltanet.chunk_size(cfg)
+
     def rule(q, k, v, g, beta):
       l2 = lambda z: z * jax.lax.rsqrt(jnp.sum(z * z, -1, keepdims=True) + 1e-6)
       q = jnp.repeat(l2(q), nv // nk, axis=2) * dk ** -0.5
       k = jnp.repeat(l2(k), nv // nk, axis=2)
       state = jnp.zeros((b, nv, dk, dv), jnp.float32)
-      return gated_deltanet.chunked_delta_rule(q, k, v, g, beta, state, cfg.gdn_chunk_size)[0]
+      return gated_deltanet.chunked_delta_rule(q, k, v, g, beta, state, chunk)[0]
     t_rule = None
     if tm is not None:
       fn = sys.modules[type(mods["gdn"]).__module__].torch_chunk_gated_delta_rule
@@ -259,7 +261,7 @@ def breakdown_components(args, cfg, params, tokens, torch_model):
       # Copies in: the function updates some of its inputs' buffers in place, which autograd
       # refuses on leaf tensors (inside the layer its inputs are intermediate results).
       t_rule = _torch_pair(torch, lambda *a: fn(*(x.clone() for x in a),
-                                                chunk_size=cfg.gdn_chunk_size,
+                                                chunk_size=chunk,
                                                 use_qk_l2norm_in_kernel=True)[0], t_in, None)
     add("  GDN chunked rule", counts[LINEAR],
         _jax_pair(rule, (q, k, v, g, beta), (0, 1, 2, 3, 4)), t_rule)

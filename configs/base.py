@@ -25,7 +25,7 @@ def get_model_config() -> ml_collections.ConfigDict:
   m.linear_key_head_dim = 16         # GDN q/k head width
   m.linear_value_head_dim = 16       # GDN v head width
   m.linear_conv_kernel_dim = 4       # causal depthwise conv kernel
-  m.gdn_chunk_size = 64              # chunk length of the chunked delta rule
+  m.gdn_chunk_size = -1              # chunk length of the chunked delta rule; -1 = auto (32 on CPU, 64 elsewhere; docs/model.md)
   m.use_moe = True                   # sparse MoE (True) or a dense SwiGLU MLP (False)
   m.intermediate_size = 128          # dense MLP width (use_moe=False)
   m.num_experts = 8                  # routed experts

@@ -80,6 +80,8 @@ class ModelConfig:
     if self.scan_unroll < -1:
       raise ValueError(f"scan_unroll must be >= -1 (-1 = auto, 0 = fully unrolled), got "
                        f"{self.scan_unroll}")
+    if self.gdn_chunk_size == 0 or self.gdn_chunk_size < -1:
+      raise ValueError(f"gdn_chunk_size must be >= 1 or -1 (auto), got {self.gdn_chunk_size}")
     if self.attention_causal_block < -1:
       raise ValueError(f"attention_causal_block must be >= -1 (-1 = auto, 0 = one block), got "
                        f"{self.attention_causal_block}")
@@ -181,7 +183,7 @@ def from_hf_dict(d: Mapping[str, Any], *, dtype: str = "float32", **overrides) -
       linear_key_head_dim=text["linear_key_head_dim"],
       linear_value_head_dim=text["linear_value_head_dim"],
       linear_conv_kernel_dim=text.get("linear_conv_kernel_dim", 4),
-      gdn_chunk_size=64,
+      gdn_chunk_size=-1,
       use_moe=use_moe,
       intermediate_size=text.get("intermediate_size", 0) or 0,
       num_experts=text.get("num_experts", 0) if use_moe else 0,

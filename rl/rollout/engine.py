@@ -59,6 +59,7 @@ from jetstream.engine import tokenizer_pb2
 from envs.chat import tokenizer as chat_tokenizer
 from models import qwen3_5
 from models import sharding
+from models.layers import gated_deltanet
 from rl.rollout import capacity
 from rl.rollout import prefix_cache as prefix_lib
 from rl.rollout import sampling
@@ -294,7 +295,7 @@ class QwenEngine(engine_api.Engine):
     self._extend_jit = jax.jit(self._extend_impl)
     self.prefix_buckets = tuple(sorted({int(b) for b in prefix_buckets if 0 < int(b) < self.max_len}))
     # Aligned to the Gated DeltaNet chunk, the continuation's chunks are the whole prompt's.
-    self._shared = (prefix_lib.SharedPrefix(cfg.gdn_chunk_size, prefix_min_len)
+    self._shared = (prefix_lib.SharedPrefix(gated_deltanet.chunk_size(cfg), prefix_min_len)
                     if self.prefix_buckets else None)
     self._too_long = 0   # prompts that extend the shared prefix by more than the largest bucket
     self._turns = turn_lib.TurnCache(turn_cache) if turn_cache > 0 else None

@@ -4,6 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import base
+from models import qwen3_5
 from models.layers import gated_deltanet
 
 
@@ -91,3 +93,13 @@ def test_unit_lower_inverse_by_halves_matches_float64(c):
   got = np.asarray(gated_deltanet._unit_lower_inverse(lower))
   np.testing.assert_allclose(got, want, atol=2e-6 * np.abs(want).max())
   assert np.all(np.triu(got, 1) == 0)
+
+
+def test_auto_chunk_is_32_on_cpu_and_64_elsewhere():
+  cfg = qwen3_5.config_from_dict(base.get_model_config())
+  assert cfg.gdn_chunk_size == -1
+  assert gated_deltanet.chunk_size(cfg, backend="cpu") == 32
+  assert gated_deltanet.chunk_size(cfg, backend="gpu") == 64
+  assert gated_deltanet.chunk_size(cfg.replace(gdn_chunk_size=16), backend="cpu") == 16
+  with pytest.raises(ValueError, match="gdn_chunk_size"):
+    cfg.replace(gdn_chunk_size=0)
