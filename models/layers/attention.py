@@ -149,15 +149,15 @@ def _attend_query_chunks(q, k, v, chunk: int, cfg: ModelConfig, offset: int = 0)
 
 
 # `attention_causal_block=-1` (auto): the block with the "reference" einsums (CPU's default).
-AUTO_CAUSAL_BLOCK = 256
+AUTO_CAUSAL_BLOCK = 128
 
 
 def causal_block(cfg: ModelConfig, backend: str | None = None) -> int:
   """Queries per causal block for `cfg.attention_causal_block` on `backend` (0 = one block).
 
   Auto (-1) is `AUTO_CAUSAL_BLOCK` where the attention runs as the reference einsums (CPU's
-  default): on CPU at 4 x 1024 tokens the whole model step took 0.92x the time with blocks of
-  256 (docs/model.md). It is 0 where `jax.nn.dot_product_attention` runs: cuDNN's flash
+  default): on CPU at 4 x 1024 tokens (hidden 256) the whole model step took 0.92x the time
+  with blocks of 256 and 0.90x with 128 (docs/model.md). It is 0 where `jax.nn.dot_product_attention` runs: cuDNN's flash
   attention skips the masked tiles itself, and only its first block would be the plain causal
   square it takes (blocks on accelerators are not measured).
   """

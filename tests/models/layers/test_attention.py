@@ -50,10 +50,10 @@ def test_xla_attention_matches_reference_outputs_and_gradients(knobs):
     np.testing.assert_allclose(g, g_ref, atol=2e-5 * float(jnp.abs(g_ref).max()))
 
 
-def test_auto_causal_block_is_256_with_the_reference_einsums_and_one_block_otherwise():
+def test_auto_causal_block_is_128_with_the_reference_einsums_and_one_block_otherwise():
   cfg = _cfg(attention_causal_block=-1)
-  assert attention.causal_block(cfg.replace(attention_impl="reference")) == 256
-  assert attention.causal_block(cfg.replace(attention_impl="auto"), backend="cpu") == 256
+  assert attention.causal_block(cfg.replace(attention_impl="reference")) == 128
+  assert attention.causal_block(cfg.replace(attention_impl="auto"), backend="cpu") == 128
   assert attention.causal_block(cfg.replace(attention_impl="xla")) == 0
   assert attention.causal_block(cfg.replace(attention_impl="auto"), backend="tpu") == 0
   assert attention.causal_block(cfg.replace(attention_causal_block=64)) == 64
