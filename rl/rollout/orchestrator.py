@@ -16,7 +16,9 @@ What is extended, and why (JetStream 0.2.2 itself is used unchanged):
     request, applies the request's own stop ids (returning the stop id itself, as the chat
     harness expects) and max_tokens, names the finish reason, and frees the slot of a
     request whose client went away at the next step (JetStream's thread keeps decoding a
-    cancelled request until max_tokens).
+    cancelled request until max_tokens);
+  * `stop` waits on the threads between rounds of sentinels instead of JetStream's busy loop,
+    and gives up on threads still alive after a bound.
 - `TitoOrchestrator(LLMOrchestrator)`: `Decode` validates the request before it reaches the
   driver (a bad prompt in JetStream's prefill thread kills the process), reads the extended
   fields (envs/harness/jetstream_protocol.py) and streams extended responses.
@@ -28,6 +30,7 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 from concurrent import futures
 from typing import Any, Optional, Sequence
 
@@ -108,6 +111,35 @@ class TitoDriver(orchestrator.Driver):
     return PrefillInput(engine.pad_prompt(ids), request.sampling, tuple(sorted(request.stop_ids)),
                         request.max_tokens), len(ids)
 
+  def stop(self, timeout_s: float = 60.0) -> None:
+    """Stops the driver's threads, as JetStream's `stop` does, without its busy loop.
+
+    JetStream's loop drains every backlog and puts a sentinel in each, again and again with no
+    pause, until every thread has exited: the stopping thread keeps taking back the sentinels
+    it just put and contends for the GIL and the queues' locks with the threads it waits for.
+    Here each round drains the queues (requests still queued lose their return channel), puts
+    one sentinel per queue, and then waits on the threads before the next round. Threads still
+    alive after `timeout_s` (daemon threads) are logged and left behind.
+    """
+    self.live = False
+    backlogs = [self._prefill_backlog, *self._transfer_backlogs,
+                *self._generate_backlogs.values(), *self._detokenize_backlogs]
+    deadline = time.monotonic() + timeout_s
+    alive = list(self._all_threads)
+    while alive and time.monotonic() < deadline:
+      for q in backlogs:
+        _cancel_queued(q)
+        try:
+          q.put_nowait(None)
+        except queue.Full:
+          pass
+      for t in alive:
+        t.join(0.1)
+      alive = [t for t in alive if t.is_alive()]
+    if alive:
+      logging.warning("driver stop: threads %s still running after %.0f s; left behind",
+                      [t.name for t in alive], timeout_s)
+
   def busy_slots(self, idx: int = 0) -> int:
     """Slots of generate engine `idx` that hold a live request.
 
@@ -164,6 +196,19 @@ class TitoDriver(orchestrator.Driver):
           if engine.keeps_turns and len(request.stop_ids) <= MAX_STOP_IDS:
             engine.keep_turn(slot, list(request.prefill_content) + request.sampled)
           release(slot)
+
+
+def _cancel_queued(q: queue.Queue) -> None:
+  """Empties `q`, detaching each queued request from its client (its stream then ends)."""
+  while True:
+    try:
+      item = q.get_nowait()
+    except queue.Empty:
+      return
+    # Detokenize backlogs hold (slot, request) or (slot, result) pairs, the others requests.
+    request = item[1] if isinstance(item, tuple) else item
+    if isinstance(request, orchestrator.ActiveRequest):
+      request.return_channel = None
 
 
 class RequestError(ValueError):
@@ -332,7 +377,7 @@ class RolloutServer:
       return
     self._stopped = True
     self.driver.stop()
-    self._run(self._server.stop(grace=1))
+    asyncio.run_coroutine_threadsafe(self._server.stop(grace=1), self._loop).result(60)
     self._loop.call_soon_threadsafe(self._loop.stop)
-    self._loop_thread.join()
+    self._loop_thread.join(60)
     self._executor.shutdown(wait=False)
