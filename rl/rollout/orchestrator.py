@@ -366,11 +366,24 @@ class RolloutServer:
   def busy_slots(self) -> int:
     return self.driver.busy_slots(0)
 
-  def wait_for_termination(self) -> None:
+  def wait_for_termination(self, poll_s: float = 0.5) -> None:
+    """Blocks until the server stops; Ctrl-C (KeyboardInterrupt) stops it and is re-raised.
+
+    The wait is in slices of `poll_s`: a SIGINT that the kernel hands to another thread of the
+    process (gRPC's, XLA's) only sets CPython's flag, and a main thread blocked without a
+    timeout would never run the handler (the serve process once outlived its Ctrl-C by 240 s
+    this way, stacks showing the main thread still in this wait).
+    """
+    done = asyncio.run_coroutine_threadsafe(self._server.wait_for_termination(), self._loop)
     try:
-      self._run(self._server.wait_for_termination())
+      while True:
+        try:
+          done.result(timeout=poll_s)
+          return
+        except futures.TimeoutError:
+          continue
     finally:
-      self.stop()
+      self.stop()   # which also ends the server's own wait
 
   def stop(self) -> None:
     if self._stopped:
