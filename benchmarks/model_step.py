@@ -5,7 +5,10 @@ and compile time of an 8-layer vs a 40-layer model of the same width.
   python benchmarks/model_step.py --hidden=1024 --dtype=bfloat16 --no_torch   # on an accelerator
   python benchmarks/model_step.py --breakdown --hidden=256 --seq=1024   # + time per component
 
-Prints one line per figure and a JSON summary as the last line.
+Prints one line per figure and a JSON summary as the last line. The ratio to transformers (and
+the tokens/s in the JSON line) comes from both steps timed in alternating rounds, medians, with
+the smallest and largest round's ratio beside it (`side_by_side`); each side's first timing,
+one after the other, is printed too.
 
 With --breakdown the step is also taken apart: each component (embedding, LM head + loss, the
 RMSNorms, the Gated DeltaNet layer and its chunked delta rule, the attention layer, the MoE
@@ -103,6 +106,27 @@ def torch_step_time(cfg, params, tokens, iters, return_model=False):
   if return_model:
     return (time.perf_counter() - t0) / iters, model, step
   return (time.perf_counter() - t0) / iters
+
+
+def side_by_side(jax_step, torch_step, rounds, iters):
+  """Both whole steps timed in alternating rounds: the ratio that goes in the JSON line.
+
+  Each round times `iters` JAX steps and `iters` torch steps, which side goes first swapping
+  from round to round, after a pause that lets torch's OpenMP threads stop spinning (they would
+  be billed to a JAX step timed right after). One after the other, the first way above, a drift
+  of the machine's load between the two halves shows as a speedup or a slowdown of +-10% from
+  run to run here; per round both sides see the same load. Returns the median ms of a step of
+  each side, the median of the rounds' ratios (torch / jax) and their smallest and largest.
+  """
+  jax_ms, torch_ms = [], []
+  for r in range(rounds):
+    order = (("jax", jax_step, jax_ms), ("torch", torch_step, torch_ms))
+    for _, step, times in (order if r % 2 == 0 else order[::-1]):
+      time.sleep(0.2)
+      _time_ms(step, times, iters)
+  ratios = [t / j for j, t in zip(jax_ms, torch_ms)]
+  return {"jax_ms": float(np.median(jax_ms)), "torch_ms": float(np.median(torch_ms)),
+          "ratio": float(np.median(ratios)), "ratio_range": [min(ratios), max(ratios)]}
 
 
 # -- --breakdown: the step's time per component, beside transformers' modules ------------------
@@ -289,28 +313,39 @@ def breakdown_components(args, cfg, params, tokens, torch_model):
             torch, lambda h, w: mlp.experts(h, torch.from_numpy(np.array(experts)).long(), w),
             (tflat, torch.from_numpy(np.array(weights)).to(tm.dtype).requires_grad_(True)),
             mlp.experts))
-    # The dropless sort + ragged_dot path of the routed experts in three parts (the reference
-    # loops over experts, gathering, multiplying and adding back in one loop: no counterpart).
-    kk = cfg.num_experts_per_tok
-    flat_e = experts.reshape(-1)
-    order = jnp.argsort(flat_e, stable=True)
-    sizes = jnp.bincount(flat_e, length=cfg.num_experts).astype(jnp.int32)
-    xs = flat[order // kk]
-    add("    dispatch (sort, gather)", cfg.num_hidden_layers,
-        _jax_pair(lambda h: h[jnp.argsort(experts.reshape(-1), stable=True) // kk], (flat,), (0,)),
-        None)
-
-    def expert_mm(p, xs):
-      gate = jax.lax.ragged_dot(xs, p["wi_gate"].astype(dt), sizes)
-      up = jax.lax.ragged_dot(xs, p["wi_up"].astype(dt), sizes)
-      return jax.lax.ragged_dot(jax.nn.silu(gate) * up, p["wo"].astype(dt), sizes)
+    # The routed experts in three parts, as the model dispatches them (`model.moe_dispatch`);
+    # the reference loops over experts, gathering, multiplying and adding back in one loop, so
+    # these rows have no counterpart.
     routed_p = {k: p[k] for k in ("wi_gate", "wi_up", "wo")}
-    add("    expert matmuls (ragged_dot)", cfg.num_hidden_layers,
-        _jax_pair(expert_mm, (routed_p, xs), (0, 1)), None)
-    ys = expert_mm(routed_p, xs)
-    add("    combine (weight, scatter-add)", cfg.num_hidden_layers,
-        _jax_pair(lambda ys, w: jnp.zeros((n, cfg.hidden_size), dt).at[order // kk].add(
-            ys * w.reshape(-1)[order][:, None].astype(dt)), (ys, weights), (0, 1)), None)
+    if moe.resolve_dispatch(cfg.moe_dispatch) == "blocked":
+      xs, (pos, _, _, block_expert) = moe.blocked_dispatch(flat, experts, cfg)
+      add("    dispatch (layout, gather)", cfg.num_hidden_layers,
+          _jax_pair(lambda h: moe.blocked_dispatch(h, experts, cfg)[0], (flat,), (0,)), None)
+      add("    expert matmuls (blocked)", cfg.num_hidden_layers,
+          _jax_pair(lambda p, xs: moe.blocked_expert_mlp(p, xs, block_expert, dt),
+                    (routed_p, xs), (0, 1)), None)
+      ys = moe.blocked_expert_mlp(routed_p, xs, block_expert, dt)
+      add("    combine (gather, weight)", cfg.num_hidden_layers,
+          _jax_pair(lambda ys, w: moe.blocked_combine(ys, pos, w), (ys, weights), (0, 1)), None)
+    else:
+      kk = cfg.num_experts_per_tok
+      order = jnp.argsort(experts.reshape(-1), stable=True)
+      sizes = jnp.bincount(experts.reshape(-1), length=cfg.num_experts).astype(jnp.int32)
+      xs = flat[order // kk]
+      add("    dispatch (sort, gather)", cfg.num_hidden_layers,
+          _jax_pair(lambda h: h[jnp.argsort(experts.reshape(-1), stable=True) // kk], (flat,),
+                    (0,)), None)
+
+      def expert_mm(p, xs):
+        gate = jax.lax.ragged_dot(xs, p["wi_gate"].astype(dt), sizes)
+        up = jax.lax.ragged_dot(xs, p["wi_up"].astype(dt), sizes)
+        return jax.lax.ragged_dot(jax.nn.silu(gate) * up, p["wo"].astype(dt), sizes)
+      add("    expert matmuls (ragged_dot)", cfg.num_hidden_layers,
+          _jax_pair(expert_mm, (routed_p, xs), (0, 1)), None)
+      ys = expert_mm(routed_p, xs)
+      add("    combine (weight, scatter-add)", cfg.num_hidden_layers,
+          _jax_pair(lambda ys, w: jnp.zeros((n, cfg.hidden_size), dt).at[order // kk].add(
+              ys * w.reshape(-1)[order][:, None].astype(dt)), (ys, weights), (0, 1)), None)
     if cfg.shared_expert_intermediate_size:
       def shared(p, h):
         s = moe.swiglu(p, h, dt, prefix="shared_")
@@ -443,6 +478,8 @@ def main():
   ap.add_argument("--batch", type=int, default=4)
   ap.add_argument("--seq", type=int, default=256)
   ap.add_argument("--iters", type=int, default=5)
+  ap.add_argument("--rounds", type=int, default=7,
+                  help="alternating rounds of --iters steps each side for the ratio (medians)")
   ap.add_argument("--dtype", default="float32")
   ap.add_argument("--no_torch", action="store_true")
   ap.add_argument("--compile_layers", default="8,40",
@@ -476,10 +513,20 @@ def main():
       torch.set_num_threads(args.torch_threads)
     torch_s, torch_model, torch_step = torch_step_time(cfg, params, tokens, args.iters,
                                                        return_model=True)
-    out["torch_tokens_per_s"] = n_tok / torch_s
-    out["speedup_vs_transformers"] = torch_s / jax_s
     print(f"torch fwd+bwd: {n_tok / torch_s:10.0f} tokens/s ({torch_s * 1e3:.1f} ms/step)")
-    print(f"ratio jax/transformers: {torch_s / jax_s:.2f}x")
+    print(f"ratio jax/transformers, one after the other: {torch_s / jax_s:.2f}x")
+    side = side_by_side(jax_step, torch_step, args.rounds, args.iters)
+    jax_s, torch_s = side["jax_ms"] / 1e3, side["torch_ms"] / 1e3
+    out["jax_tokens_per_s"] = n_tok / jax_s
+    out["torch_tokens_per_s"] = n_tok / torch_s
+    out["speedup_vs_transformers"] = side["ratio"]
+    out["speedup_range"] = side["ratio_range"]
+    out["rounds"] = args.rounds
+    lo, hi = side["ratio_range"]
+    print(f"alternating rounds ({args.rounds} x {args.iters} steps each side, medians): jax "
+          f"{n_tok / jax_s:.0f} tokens/s ({jax_s * 1e3:.1f} ms), torch {n_tok / torch_s:.0f} "
+          f"tokens/s ({torch_s * 1e3:.1f} ms)")
+    print(f"ratio jax/transformers: {side['ratio']:.2f}x (rounds {lo:.2f}x - {hi:.2f}x)")
   if args.breakdown:
     rows, step = run_breakdown(args, cfg, params, tokens, jax_step, torch_model, torch_step)
     out["breakdown"] = print_breakdown(rows, step)

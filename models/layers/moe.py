@@ -176,20 +176,37 @@ def _expert_matmul(xs, w, block_expert):
   return jnp.einsum("gbi,gio->gbo", xs, wb)
 
 
-def _blocked_experts(p, x, weights, experts, cfg: ModelConfig):
+def blocked_dispatch(x, experts, cfg: ModelConfig):
+  """x [tokens, embed] -> (rows [blocks, block, embed], layout): `blocked_layout` and the gather."""
   n, k = experts.shape
-  h = x.shape[-1]
-  dt = cfg.jnp_dtype
   block = block_size(n * k, cfg.num_experts, cfg.moe_block_size)
-  pos_of_pair, row_token, row_valid, block_expert = blocked_layout(experts, cfg.num_experts, block)
-  num_blocks = block_expert.shape[0]
-  xs = jnp.where(row_valid[:, None], x.astype(dt)[row_token], 0).reshape(num_blocks, block, h)
+  layout = blocked_layout(experts, cfg.num_experts, block)
+  _, row_token, row_valid, block_expert = layout
+  xs = jnp.where(row_valid[:, None], x.astype(cfg.jnp_dtype)[row_token], 0)
+  return xs.reshape(block_expert.shape[0], block, x.shape[-1]), layout
+
+
+def blocked_expert_mlp(p, xs, block_expert, dt):
+  """The SwiGLU of each block's expert: xs [blocks, block, embed] -> [blocks, block, embed]."""
   gate = _expert_matmul(xs, p["wi_gate"].astype(dt), block_expert)   # [blocks, block, expert_mlp]
   up = _expert_matmul(xs, p["wi_up"].astype(dt), block_expert)
   act = common.constrain(jax.nn.silu(gate) * up, (None, None, "expert_mlp"))
-  ys = _expert_matmul(act, p["wo"].astype(dt), block_expert).reshape(num_blocks * block, h)
+  return _expert_matmul(act, p["wo"].astype(dt), block_expert)
+
+
+def blocked_combine(ys, pos_of_pair, weights):
+  """ys [blocks, block, embed] -> [tokens, embed]: each token's k rows, weighted and summed."""
+  n, k = weights.shape
+  h = ys.shape[-1]
+  ys = ys.reshape(-1, h)
   ys_pairs = ys.at[pos_of_pair].get(unique_indices=True, mode="promise_in_bounds").reshape(n, k, h)
-  return jnp.einsum("nkh,nk->nh", ys_pairs, weights.astype(dt))
+  return jnp.einsum("nkh,nk->nh", ys_pairs, weights.astype(ys.dtype))
+
+
+def _blocked_experts(p, x, weights, experts, cfg: ModelConfig):
+  xs, (pos_of_pair, _, _, block_expert) = blocked_dispatch(x, experts, cfg)
+  ys = blocked_expert_mlp(p, xs, block_expert, cfg.jnp_dtype)
+  return blocked_combine(ys, pos_of_pair, weights)
 
 
 def _ragged_dot_experts(p, x, weights, experts, cfg: ModelConfig):
