@@ -301,10 +301,12 @@ def _sigint_to_a_worker_thread(p):
   A process-directed signal goes to any thread that does not block it; CPython then only sets a
   flag for its main thread. The serve process once outlived its Ctrl-C by 240 s this way (the
   main thread waiting without a timeout); the thread-directed signal makes that case certain.
+  The target is the oldest such thread (a runtime thread that lives as long as the process): a
+  signal sent to one thread is lost if that thread exits first, as a short-lived worker may.
   """
   tgkill = _SYS_TGKILL.get(platform.machine())
   tids = []
-  for tid in os.listdir(f"/proc/{p.pid}/task"):
+  for tid in sorted(os.listdir(f"/proc/{p.pid}/task"), key=int):
     try:
       with open(f"/proc/{p.pid}/task/{tid}/status") as f:
         blocked = int(re.search(r"SigBlk:\s*([0-9a-f]+)", f.read()).group(1), 16)
@@ -316,7 +318,7 @@ def _sigint_to_a_worker_thread(p):
     p.send_signal(signal.SIGINT)
     return
   libc = ctypes.CDLL(None, use_errno=True)
-  assert libc.syscall(tgkill, p.pid, tids[-1], signal.SIGINT) == 0, os.strerror(ctypes.get_errno())
+  assert libc.syscall(tgkill, p.pid, tids[0], signal.SIGINT) == 0, os.strerror(ctypes.get_errno())
 
 
 def test_launch_serves_http_beside_grpc(tmp_path):
