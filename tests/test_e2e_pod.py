@@ -29,12 +29,12 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 import local_pod  # noqa: E402  (scripts/ is not a package)
 
-# A small run: 2 SFT steps, 2 RL steps of 4 prompts x 4 samples, held-out evals on 16 tasks;
+# A small run: 2 SFT steps, 2 RL steps of 4 prompts x 4 samples, held-out evals on 8 tasks;
 # two prompt buckets and one row bucket keep the compiles few.
 OVERRIDES = {"sft.steps": 2, "sft.max_tasks": 4, "sft.batch_size": 4, "train.steps": 2,
              "train.prompts_per_step": 4, "train.samples_per_prompt": 4,
              "train.seq_buckets": (1536,), "rollout.prefill_buckets": (1024, 2560),
-             "rollout.prefix_buckets": (512, 1792), "loop.eval_max_tasks": 16,
+             "rollout.prefix_buckets": (512, 1792), "loop.eval_max_tasks": 8,
              "loop.progress": False, "loop.tensorboard": False, "checkpoint.save_every": 1,
              "checkpoint.async_save": False, "harness.max_tokens_per_turn": 64,
              "distributed.heartbeat_timeout_s": 30}
