@@ -120,8 +120,8 @@ def side_by_side(jax_step, torch_step, rounds, iters):
   """
   jax_ms, torch_ms = [], []
   for r in range(rounds):
-    order = (("jax", jax_step, jax_ms), ("torch", torch_step, torch_ms))
-    for _, step, times in (order if r % 2 == 0 else order[::-1]):
+    order = ((jax_step, jax_ms), (torch_step, torch_ms))
+    for step, times in (order if r % 2 == 0 else order[::-1]):
       time.sleep(0.2)
       _time_ms(step, times, iters)
   ratios = [t / j for j, t in zip(jax_ms, torch_ms)]
