@@ -209,19 +209,33 @@ def _blocked_experts(p, x, weights, experts, cfg: ModelConfig):
   return blocked_combine(ys, pos_of_pair, weights)
 
 
-def _ragged_dot_experts(p, x, weights, experts, cfg: ModelConfig):
-  n, k = experts.shape
-  dt = cfg.jnp_dtype
+def ragged_dispatch(x, experts, cfg: ModelConfig):
+  """x [tokens, embed] -> (rows [tokens * k, embed] sorted by expert, (order, group_sizes))."""
+  k = experts.shape[1]
   flat_experts = experts.reshape(-1)
   order = jnp.argsort(flat_experts, stable=True)          # (token, slot) pairs grouped by expert
-  token_of = order // k
   group_sizes = jnp.bincount(flat_experts, length=cfg.num_experts).astype(jnp.int32)
-  xs = x[token_of].astype(dt)
+  return x[order // k].astype(cfg.jnp_dtype), (order, group_sizes)
+
+
+def ragged_expert_mlp(p, xs, group_sizes, dt):
+  """The SwiGLU of each row's expert, one `ragged_dot` group per expert: [rows, embed] -> same."""
   gate = jax.lax.ragged_dot(xs, p["wi_gate"].astype(dt), group_sizes)
   up = jax.lax.ragged_dot(xs, p["wi_up"].astype(dt), group_sizes)
-  ys = jax.lax.ragged_dot(jax.nn.silu(gate) * up, p["wo"].astype(dt), group_sizes)
-  ys = ys * weights.reshape(-1)[order][:, None].astype(dt)
-  return jnp.zeros((n, x.shape[-1]), dt).at[token_of].add(ys)
+  return jax.lax.ragged_dot(jax.nn.silu(gate) * up, p["wo"].astype(dt), group_sizes)
+
+
+def ragged_combine(ys, order, weights):
+  """ys [tokens * k, embed] in expert order -> [tokens, embed]: weighted, added to each token."""
+  n, k = weights.shape
+  ys = ys * weights.reshape(-1)[order][:, None].astype(ys.dtype)
+  return jnp.zeros((n, ys.shape[-1]), ys.dtype).at[order // k].add(ys)
+
+
+def _ragged_dot_experts(p, x, weights, experts, cfg: ModelConfig):
+  xs, (order, group_sizes) = ragged_dispatch(x, experts, cfg)
+  ys = ragged_expert_mlp(p, xs, group_sizes, cfg.jnp_dtype)
+  return ragged_combine(ys, order, weights)
 
 
 def routed_experts(p, x, weights, experts, cfg: ModelConfig):
