@@ -304,6 +304,9 @@ def _sigint_to_a_worker_thread(p):
   The target is the oldest such thread (a runtime thread that lives as long as the process): a
   signal sent to one thread is lost if that thread exits first, as a short-lived worker may.
   """
+  with open(f"/proc/{p.pid}/status") as f:
+    ignored = int(re.search(r"SigIgn:\s*([0-9a-f]+)", f.read()).group(1), 16)
+  assert not ignored & (1 << (signal.SIGINT - 1)), "SIGINT is ignored in the process"
   tgkill = _SYS_TGKILL.get(platform.machine())
   tids = []
   for tid in sorted(os.listdir(f"/proc/{p.pid}/task"), key=int):
@@ -321,9 +324,19 @@ def _sigint_to_a_worker_thread(p):
   assert libc.syscall(tgkill, p.pid, tids[0], signal.SIGINT) == 0, os.strerror(ctypes.get_errno())
 
 
+# launch.py with SIGINT at its default, as a terminal starts it. A test run from a background
+# job (`cmd &` where the shell has no job control, as CI runners and `nohup ... &` start it)
+# inherits SIGINT ignored, exec keeps it ignored, and Python leaves an ignored SIGINT ignored:
+# the Ctrl-C below would then never arrive (the cause of this test's hangs in such runs).
+_AS_FROM_A_TERMINAL = ("import runpy, signal, sys; "
+                       "signal.signal(signal.SIGINT, signal.default_int_handler); "
+                       "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
 def test_launch_serves_http_beside_grpc(tmp_path):
   """`launch.py --mode=serve --http_port=0` (random init, tiny shapes): both fronts answer."""
-  cmd = [sys.executable, "launch.py", "--mode=serve", "--config=configs/tiny_cpu.py", "--port=0",
+  cmd = [sys.executable, "-c", _AS_FROM_A_TERMINAL, "launch.py", "--mode=serve",
+         "--config=configs/tiny_cpu.py", "--port=0",
          "--http_port=0", "--config.rollout.warmup=False", "--config.rollout.max_len=64",
          "--config.rollout.prefill_buckets=(16,)", "--config.rollout.prefix_cache=False",
          "--config.rollout.slots=2", "--config.train.max_context=64",
