@@ -22,6 +22,7 @@ top-level parts x layers is the layer scan and glue overhead. The table is in th
 under "breakdown".
 """
 import argparse
+import functools
 import json
 import os
 import sys
@@ -43,6 +44,7 @@ from models.layers import common  # noqa: E402
 from models.layers import gated_deltanet  # noqa: E402
 from models.layers import moe  # noqa: E402
 from models.layers import norm  # noqa: E402
+from models import xla_flags  # noqa: E402
 
 
 def _cfg(args, layers):
@@ -65,9 +67,10 @@ def _loss(cfg, params, tokens):
   return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
 
 
-def jax_step_time(cfg, tokens, iters, return_step=False):
+def jax_step_time(cfg, tokens, iters, return_step=False, dots="eigen"):
   params = qwen3_5.init_params(cfg, jax.random.key(0))
-  step = jax.jit(jax.value_and_grad(lambda p, t: _loss(cfg, p, t)))
+  step = jax.jit(jax.value_and_grad(lambda p, t: _loss(cfg, p, t)),
+                 compiler_options=xla_flags.compiler_options(dots))
   t0 = time.perf_counter()
   compiled = step.lower(params, tokens).compile()
   compile_s = time.perf_counter() - t0
@@ -136,9 +139,11 @@ def _layer_params(params, j):
   return jax.tree.map(lambda a: a[0], params["blocks"][j])
 
 
-def _jax_pair(f, args, argnums):
-  """(jitted forward, jitted forward + backward w.r.t. args[argnums]) of f(*args) -> array."""
-  fwd = jax.jit(f)
+def _jax_pair(f, args, argnums, dots="eigen"):
+  """(jitted forward, jitted forward + backward w.r.t. args[argnums]) of f(*args) -> array,
+  compiled with `dots` as the step is (models/xla_flags.py)."""
+  options = xla_flags.compiler_options(dots)
+  fwd = jax.jit(f, compiler_options=options)
   out = jax.eval_shape(f, *args)
   cot = jnp.ones(out.shape, out.dtype)
 
@@ -152,7 +157,7 @@ def _jax_pair(f, args, argnums):
       return f(*full)
     _, vjp = jax.vjp(g, *diff)
     return vjp(cot)
-  bwd = jax.jit(fwd_bwd)
+  bwd = jax.jit(fwd_bwd, compiler_options=options)
   return (lambda: jax.block_until_ready(fwd(*args))), (lambda: jax.block_until_ready(bwd(*args)))
 
 
@@ -196,6 +201,7 @@ def breakdown_components(args, cfg, params, tokens, torch_model):
   torch counterparts are the modules of the transformers model built from the same weights
   (layer j of the first cycle), on the inputs captured from one forward of that model.
   """
+  pair = functools.partial(_jax_pair, dots=args.xla_cpu_dots)
   b, t = tokens.shape
   n = b * t
   dt = cfg.jnp_dtype
@@ -229,7 +235,7 @@ def breakdown_components(args, cfg, params, tokens, torch_model):
     comps[name] = (layers_count, jax_pair, torch_pair)
 
   # Embedding lookup (backward: the scatter into the table's gradient).
-  add("embedding", 1, _jax_pair(lambda e, tok: jnp.take(e, tok, axis=0).astype(dt),
+  add("embedding", 1, pair(lambda e, tok: jnp.take(e, tok, axis=0).astype(dt),
                                 (params["embed"], tokens), (0,)),
       None if tm is None else _torch_pair(torch, tm.model.embed_tokens, (t_tokens,),
                                           tm.model.embed_tokens))
@@ -244,18 +250,18 @@ def breakdown_components(args, cfg, params, tokens, torch_model):
       logits = tm.lm_head(tm.model.norm(h))
       return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
                                                t_tokens[:, 1:].reshape(-1))
-  add("LM head + loss", 1, _jax_pair(head_loss, (head_p, x), (0, 1)),
+  add("LM head + loss", 1, pair(head_loss, (head_p, x), (0, 1)),
       None if tm is None else _torch_pair(torch, t_head_loss, (tx,), tm))
   # The two RMSNorms of every layer.
   add("RMSNorm (x2 per layer)", 2 * cfg.num_hidden_layers,
-      _jax_pair(lambda w, h: norm.rms_norm(h, w, cfg.rms_norm_eps),
+      pair(lambda w, h: norm.rms_norm(h, w, cfg.rms_norm_eps),
                 (params["blocks"][0]["input_norm"][0], x), (0, 1)),
       None if tm is None else _torch_pair(torch, layers[0].input_layernorm, (tx,),
                                           layers[0].input_layernorm))
   if j_lin is not None:
     p = _layer_params(params, j_lin)["mixer"]
     add("GDN layer", counts[LINEAR],
-        _jax_pair(lambda p, h: gated_deltanet.forward(p, h, cfg)[0], (p, x), (0, 1)),
+        pair(lambda p, h: gated_deltanet.forward(p, h, cfg)[0], (p, x), (0, 1)),
         None if tm is None else _torch_pair(
             torch, lambda h: mods["gdn"](**dict(seen["gdn"][1], hidden_states=h)), (tx,),
             mods["gdn"]))
@@ -288,11 +294,11 @@ def breakdown_components(args, cfg, params, tokens, torch_model):
                                                 chunk_size=chunk,
                                                 use_qk_l2norm_in_kernel=True)[0], t_in, None)
     add("  GDN chunked rule", counts[LINEAR],
-        _jax_pair(rule, (q, k, v, g, beta), (0, 1, 2, 3, 4)), t_rule)
+        pair(rule, (q, k, v, g, beta), (0, 1, 2, 3, 4)), t_rule)
   if j_att is not None:
     p = _layer_params(params, j_att)["mixer"]
     add("attention layer", counts[FULL],
-        _jax_pair(lambda p, h: attention.forward(p, h, positions, cfg)[0], (p, x), (0, 1)),
+        pair(lambda p, h: attention.forward(p, h, positions, cfg)[0], (p, x), (0, 1)),
         None if tm is None else _torch_pair(
             torch, lambda h: mods["attn"](**dict(seen["attn"][1], hidden_states=h))[0], (tx,),
             mods["attn"]))
@@ -301,13 +307,13 @@ def breakdown_components(args, cfg, params, tokens, torch_model):
     _, weights, experts = moe.route(p["router"], flat, cfg)
     mlp = None if tm is None else mods["mlp"]
     add("MoE block", cfg.num_hidden_layers,
-        _jax_pair(lambda p, h: moe.forward(p, h, cfg)[0], (p, x), (0, 1)),
+        pair(lambda p, h: moe.forward(p, h, cfg)[0], (p, x), (0, 1)),
         None if tm is None else _torch_pair(torch, mlp, (tx,), mlp))
     add("  routing (router, top-k)", cfg.num_hidden_layers,
-        _jax_pair(lambda w, h: moe.route(w, h, cfg)[1], (p["router"], flat), (0, 1)),
+        pair(lambda w, h: moe.route(w, h, cfg)[1], (p["router"], flat), (0, 1)),
         None if tm is None else _torch_pair(torch, lambda h: mlp.gate(h)[1], (tflat,), mlp.gate))
     add("  routed experts", cfg.num_hidden_layers,
-        _jax_pair(lambda p, h, w: moe.routed_experts(p, h, w, experts, cfg), (p, flat, weights),
+        pair(lambda p, h, w: moe.routed_experts(p, h, w, experts, cfg), (p, flat, weights),
                   (0, 1, 2)),
         None if tm is None else _torch_pair(
             torch, lambda h, w: mlp.experts(h, torch.from_numpy(np.array(experts)).long(), w),
@@ -320,38 +326,29 @@ def breakdown_components(args, cfg, params, tokens, torch_model):
     if moe.resolve_dispatch(cfg.moe_dispatch) == "blocked":
       xs, (pos, _, _, block_expert) = moe.blocked_dispatch(flat, experts, cfg)
       add("    dispatch (layout, gather)", cfg.num_hidden_layers,
-          _jax_pair(lambda h: moe.blocked_dispatch(h, experts, cfg)[0], (flat,), (0,)), None)
+          pair(lambda h: moe.blocked_dispatch(h, experts, cfg)[0], (flat,), (0,)), None)
       add("    expert matmuls (blocked)", cfg.num_hidden_layers,
-          _jax_pair(lambda p, xs: moe.blocked_expert_mlp(p, xs, block_expert, dt),
+          pair(lambda p, xs: moe.blocked_expert_mlp(p, xs, block_expert, dt),
                     (routed_p, xs), (0, 1)), None)
       ys = moe.blocked_expert_mlp(routed_p, xs, block_expert, dt)
       add("    combine (gather, weight)", cfg.num_hidden_layers,
-          _jax_pair(lambda ys, w: moe.blocked_combine(ys, pos, w), (ys, weights), (0, 1)), None)
+          pair(lambda ys, w: moe.blocked_combine(ys, pos, w), (ys, weights), (0, 1)), None)
     else:
-      kk = cfg.num_experts_per_tok
-      order = jnp.argsort(experts.reshape(-1), stable=True)
-      sizes = jnp.bincount(experts.reshape(-1), length=cfg.num_experts).astype(jnp.int32)
-      xs = flat[order // kk]
+      xs, (order, sizes) = moe.ragged_dispatch(flat, experts, cfg)
       add("    dispatch (sort, gather)", cfg.num_hidden_layers,
-          _jax_pair(lambda h: h[jnp.argsort(experts.reshape(-1), stable=True) // kk], (flat,),
-                    (0,)), None)
-
-      def expert_mm(p, xs):
-        gate = jax.lax.ragged_dot(xs, p["wi_gate"].astype(dt), sizes)
-        up = jax.lax.ragged_dot(xs, p["wi_up"].astype(dt), sizes)
-        return jax.lax.ragged_dot(jax.nn.silu(gate) * up, p["wo"].astype(dt), sizes)
+          pair(lambda h: moe.ragged_dispatch(h, experts, cfg)[0], (flat,), (0,)), None)
       add("    expert matmuls (ragged_dot)", cfg.num_hidden_layers,
-          _jax_pair(expert_mm, (routed_p, xs), (0, 1)), None)
-      ys = expert_mm(routed_p, xs)
+          pair(lambda p, xs: moe.ragged_expert_mlp(p, xs, sizes, dt), (routed_p, xs),
+                    (0, 1)), None)
+      ys = moe.ragged_expert_mlp(routed_p, xs, sizes, dt)
       add("    combine (weight, scatter-add)", cfg.num_hidden_layers,
-          _jax_pair(lambda ys, w: jnp.zeros((n, cfg.hidden_size), dt).at[order // kk].add(
-              ys * w.reshape(-1)[order][:, None].astype(dt)), (ys, weights), (0, 1)), None)
+          pair(lambda ys, w: moe.ragged_combine(ys, order, w), (ys, weights), (0, 1)), None)
     if cfg.shared_expert_intermediate_size:
       def shared(p, h):
         s = moe.swiglu(p, h, dt, prefix="shared_")
         return jax.nn.sigmoid(common.dense(h, p["shared_expert_gate"][:, None], dt)) * s
       shared_p = {k: v for k, v in p.items() if k.startswith("shared_")}
-      add("  shared expert", cfg.num_hidden_layers, _jax_pair(shared, (shared_p, flat), (0, 1)),
+      add("  shared expert", cfg.num_hidden_layers, pair(shared, (shared_p, flat), (0, 1)),
           None if tm is None else _torch_pair(
               torch, lambda h: torch.sigmoid(mlp.shared_expert_gate(h)) * mlp.shared_expert(h),
               (tflat,), mlp))
@@ -490,15 +487,20 @@ def main():
                   help="also time each component beside transformers' modules")
   ap.add_argument("--breakdown_rounds", type=int, default=5, help="alternating rounds (median)")
   ap.add_argument("--torch_threads", type=int, default=0, help="0 = torch's default")
+  ap.add_argument("--xla_cpu_dots", default=base.get_config().train.xla_cpu_dots,
+                  choices=xla_flags.CPU_DOTS,
+                  help="XLA:CPU's matmul library for the step, as the train step compiles it "
+                       "(train.xla_cpu_dots, models/xla_flags.py)")
   args = ap.parse_args()
-  print(f"devices: {jax.devices()}")
+  print(f"devices: {jax.devices()}; step dots: {args.xla_cpu_dots}")
 
   cfg = _cfg(args, args.layers)
   tokens = jax.random.randint(jax.random.key(1), (args.batch, args.seq), 0, cfg.vocab_size)
   n_tok = args.batch * args.seq
-  jax_s, _, params, jax_step = jax_step_time(cfg, tokens, args.iters, return_step=True)
+  jax_s, _, params, jax_step = jax_step_time(cfg, tokens, args.iters, return_step=True,
+                                             dots=args.xla_cpu_dots)
   counts = qwen3_5.count_params(cfg)
-  out = {"tokens_per_step": n_tok, "jax_tokens_per_s": n_tok / jax_s,
+  out = {"tokens_per_step": n_tok, "jax_tokens_per_s": n_tok / jax_s, "xla_cpu_dots": args.xla_cpu_dots,
          "params": counts["total"], "active_params": counts["active"], "dtype": args.dtype,
          "config": {k: getattr(args, k) for k in ("hidden", "heads", "head_dim", "experts",
                                                    "topk", "moe_ffn", "vocab", "layers",
@@ -534,7 +536,7 @@ def main():
   for layers in [int(x) for x in args.compile_layers.split(",") if x]:
     c = _cfg(args, layers)
     small = jax.random.randint(jax.random.key(2), (2, 128), 0, c.vocab_size)
-    _, compile_s, _ = jax_step_time(c, small, 1)
+    _, compile_s, _ = jax_step_time(c, small, 1, dots=args.xla_cpu_dots)
     compile_times[layers] = compile_s
     print(f"compile fwd+bwd, {layers:3d} layers: {compile_s:.1f}s")
   out["compile_s"] = compile_times

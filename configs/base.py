@@ -218,6 +218,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.train.max_context = 4096         # longest episode (tokens) the harness lets grow; recipe: 160k (report_recipe.py)
   c.train.log_every = 1              # steps between metric logs
   c.train.init_from = ""             # Hugging Face checkpoint directory the policy starts from (SFT, else RL); "" = random init
+  c.train.xla_cpu_dots = "eigen"     # XLA:CPU's matmul library for the RL and SFT steps: eigen | ynnpack (XLA's default; decode keeps it); models/xla_flags.py
 
   # Checkpoints (orbax CheckpointManager).
   c.checkpoint = ml_collections.ConfigDict()

@@ -10,6 +10,7 @@ train.init_from, else the seeded init.
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Optional
@@ -29,6 +30,7 @@ from envs.harness.oracle import oracle_factory
 from envs.harness.pool import AgentPool
 from envs.tasks import task_file
 from models import qwen3_5
+from models import xla_flags
 from rl import distributed
 from rl.metrics import Metrics
 from rl.metrics import progress_bar
@@ -227,8 +229,11 @@ def sft_steps(config, model_cfg, opt) -> tuple:
     drill_loss = sft_loss(model_cfg, p, drill) if drill is not None else 0.0
     return loss + drill_weight * drill_loss, drill_loss
 
+  jit = functools.partial(jax.jit,
+                          compiler_options=xla_flags.compiler_options(config.train.xla_cpu_dots))
+
   def make_step(loss_fn):
-    @jax.jit
+    @jit
     def step(params, opt_state, *batches):
       (loss, drill_loss), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, *batches)
       updates, opt_state = opt.update(grads, opt_state, params)

@@ -47,6 +47,7 @@ import optax
 
 from models import qwen3_5
 from models import sharding
+from models import xla_flags
 from rl import advantages
 from rl import grpo
 from rl import policy_losses
@@ -440,7 +441,8 @@ class TrainStep:
       self._jitted = jax.jit(
           self._step, in_shardings=(self.state_shardings, self.batch_shardings(batch)),
           out_shardings=(self.state_shardings, sharding.replicated(self.mesh)),
-          donate_argnums=(0,))
+          donate_argnums=(0,),
+          compiler_options=xla_flags.compiler_options(self.config.train.xla_cpu_dots))
     elif layout != self._batch_signature[0] or (
         row_len != self._batch_signature[1] and row_len not in self.row_lengths()):
       raise ValueError(f"batch layout changed: {layout}, rows of {row_len} vs "

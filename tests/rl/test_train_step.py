@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from models import sharding
+from models import xla_flags
 from rl import checkpoint as ckpt_lib
 from rl import grpo
 from rl import train_step
@@ -64,6 +65,15 @@ def _rel_close(a, b, rtol=1e-5, what=""):
     scale = max(np.abs(y).max(), 1e-30)
     err = np.abs(x - y).max() / scale
     assert err <= rtol, f"{what}{jax.tree_util.keystr(path)}: rel err {err:.2e} > {rtol}"
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="an XLA:CPU option")
+@pytest.mark.parametrize("dots", xla_flags.CPU_DOTS)
+def test_the_step_compiles_its_dots_in_the_library_the_config_names(base_state_and_batch, dots):
+  step = _step("single", **{"train.xla_cpu_dots": dots})
+  host_state, batch = base_state_and_batch
+  hlo = step.lower(_put_state(step, host_state), batch).compile().as_text()
+  assert (xla_flags.ynnpack_dots(hlo) > 0) == (dots == "ynnpack")
 
 
 @pytest.mark.slow
