@@ -5,6 +5,8 @@ and compile time of an 8-layer vs a 40-layer model of the same width.
   python benchmarks/model_step.py --hidden=1024 --dtype=bfloat16 --no_torch   # on an accelerator
   python benchmarks/model_step.py --breakdown --hidden=256 --seq=1024   # + time per component
 
+The JAX step (and each component of the breakdown) compiles with the train step's
+`train.xla_cpu_dots` (models/xla_flags.py; `--xla_cpu_dots=ynnpack` for XLA:CPU's default).
 Prints one line per figure and a JSON summary as the last line. The ratio to transformers (and
 the tokens/s in the JSON line) comes from both steps timed in alternating rounds, medians, with
 the smallest and largest round's ratio beside it (`side_by_side`); each side's first timing,
@@ -236,7 +238,7 @@ def breakdown_components(args, cfg, params, tokens, torch_model):
 
   # Embedding lookup (backward: the scatter into the table's gradient).
   add("embedding", 1, pair(lambda e, tok: jnp.take(e, tok, axis=0).astype(dt),
-                                (params["embed"], tokens), (0,)),
+                           (params["embed"], tokens), (0,)),
       None if tm is None else _torch_pair(torch, tm.model.embed_tokens, (t_tokens,),
                                           tm.model.embed_tokens))
   # Final norm, LM head and the token cross-entropy.
@@ -255,7 +257,7 @@ def breakdown_components(args, cfg, params, tokens, torch_model):
   # The two RMSNorms of every layer.
   add("RMSNorm (x2 per layer)", 2 * cfg.num_hidden_layers,
       pair(lambda w, h: norm.rms_norm(h, w, cfg.rms_norm_eps),
-                (params["blocks"][0]["input_norm"][0], x), (0, 1)),
+           (params["blocks"][0]["input_norm"][0], x), (0, 1)),
       None if tm is None else _torch_pair(torch, layers[0].input_layernorm, (tx,),
                                           layers[0].input_layernorm))
   if j_lin is not None:
@@ -314,7 +316,7 @@ def breakdown_components(args, cfg, params, tokens, torch_model):
         None if tm is None else _torch_pair(torch, lambda h: mlp.gate(h)[1], (tflat,), mlp.gate))
     add("  routed experts", cfg.num_hidden_layers,
         pair(lambda p, h, w: moe.routed_experts(p, h, w, experts, cfg), (p, flat, weights),
-                  (0, 1, 2)),
+             (0, 1, 2)),
         None if tm is None else _torch_pair(
             torch, lambda h, w: mlp.experts(h, torch.from_numpy(np.array(experts)).long(), w),
             (tflat, torch.from_numpy(np.array(weights)).to(tm.dtype).requires_grad_(True)),
@@ -329,7 +331,7 @@ def breakdown_components(args, cfg, params, tokens, torch_model):
           pair(lambda h: moe.blocked_dispatch(h, experts, cfg)[0], (flat,), (0,)), None)
       add("    expert matmuls (blocked)", cfg.num_hidden_layers,
           pair(lambda p, xs: moe.blocked_expert_mlp(p, xs, block_expert, dt),
-                    (routed_p, xs), (0, 1)), None)
+               (routed_p, xs), (0, 1)), None)
       ys = moe.blocked_expert_mlp(routed_p, xs, block_expert, dt)
       add("    combine (gather, weight)", cfg.num_hidden_layers,
           pair(lambda ys, w: moe.blocked_combine(ys, pos, w), (ys, weights), (0, 1)), None)
@@ -339,7 +341,7 @@ def breakdown_components(args, cfg, params, tokens, torch_model):
           pair(lambda h: moe.ragged_dispatch(h, experts, cfg)[0], (flat,), (0,)), None)
       add("    expert matmuls (ragged_dot)", cfg.num_hidden_layers,
           pair(lambda p, xs: moe.ragged_expert_mlp(p, xs, sizes, dt), (routed_p, xs),
-                    (0, 1)), None)
+               (0, 1)), None)
       ys = moe.ragged_expert_mlp(routed_p, xs, sizes, dt)
       add("    combine (weight, scatter-add)", cfg.num_hidden_layers,
           pair(lambda ys, w: moe.ragged_combine(ys, order, w), (ys, weights), (0, 1)), None)
