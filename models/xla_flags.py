@@ -5,10 +5,10 @@ supports goes to YNNPACK (and reductions too); without that, dots run through Ei
 contraction on the intra-op thread pool. On the 2-core CPU the project is measured on, YNNPACK
 runs a *batched* matmul on one core: the blocked MoE's expert matmuls ([blocks, 128, 128] x
 [blocks, 128, 128] at the tiny default) take 3.3 ms there against 2.3 ms in Eigen (1.5 ms for a
-flat matmul of the same FLOPs), and the whole forward+backward step is 1.13-1.15x faster in
-Eigen. The small matmuls of a decode step do not gain: the engine's decode at 32 sequences read
-7119 tokens/s with Eigen against 8607 with YNNPACK (docs/results.md, "Model step and decode").
-So the choice is made per program, not per process:
+flat matmul of the same FLOPs), and the whole forward+backward step ran 1.18x / 1.15x
+transformers' (two benchmark shapes) in Eigen. The small matmuls of a decode step do not gain:
+the engine's decode at 32 sequences read 7119 tokens/s with Eigen against 8607 with YNNPACK
+(docs/results.md, "Model step and decode"). So the choice is made per program, not per process:
 
   "eigen"    dots through Eigen: the default of the training steps (RL and SFT) and of
              benchmarks/model_step.py (a dot that XLA fuses into a reduction YNNPACK takes
