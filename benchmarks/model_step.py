@@ -69,7 +69,7 @@ def _loss(cfg, params, tokens):
   return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
 
 
-def jax_step_time(cfg, tokens, iters, return_step=False, dots="eigen"):
+def jax_step_time(cfg, tokens, iters, dots, return_step=False):
   params = qwen3_5.init_params(cfg, jax.random.key(0))
   step = jax.jit(jax.value_and_grad(lambda p, t: _loss(cfg, p, t)),
                  compiler_options=xla_flags.compiler_options(dots))
@@ -141,7 +141,7 @@ def _layer_params(params, j):
   return jax.tree.map(lambda a: a[0], params["blocks"][j])
 
 
-def _jax_pair(f, args, argnums, dots="eigen"):
+def _jax_pair(f, args, argnums, dots):
   """(jitted forward, jitted forward + backward w.r.t. args[argnums]) of f(*args) -> array,
   compiled with `dots` as the step is (models/xla_flags.py)."""
   options = xla_flags.compiler_options(dots)
@@ -499,8 +499,8 @@ def main():
   cfg = _cfg(args, args.layers)
   tokens = jax.random.randint(jax.random.key(1), (args.batch, args.seq), 0, cfg.vocab_size)
   n_tok = args.batch * args.seq
-  jax_s, _, params, jax_step = jax_step_time(cfg, tokens, args.iters, return_step=True,
-                                             dots=args.xla_cpu_dots)
+  jax_s, _, params, jax_step = jax_step_time(cfg, tokens, args.iters, args.xla_cpu_dots,
+                                             return_step=True)
   counts = qwen3_5.count_params(cfg)
   out = {"tokens_per_step": n_tok, "jax_tokens_per_s": n_tok / jax_s, "xla_cpu_dots": args.xla_cpu_dots,
          "params": counts["total"], "active_params": counts["active"], "dtype": args.dtype,
@@ -538,7 +538,7 @@ def main():
   for layers in [int(x) for x in args.compile_layers.split(",") if x]:
     c = _cfg(args, layers)
     small = jax.random.randint(jax.random.key(2), (2, 128), 0, c.vocab_size)
-    _, compile_s, _ = jax_step_time(c, small, 1, dots=args.xla_cpu_dots)
+    _, compile_s, _ = jax_step_time(c, small, 1, args.xla_cpu_dots)
     compile_times[layers] = compile_s
     print(f"compile fwd+bwd, {layers:3d} layers: {compile_s:.1f}s")
   out["compile_s"] = compile_times
