@@ -29,6 +29,12 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 import local_pod  # noqa: E402  (scripts/ is not a package)
 
+# Marked slow (`make test-all`, CI): its three launches take ~11 of `make test`'s minutes on 2
+# cores, which put the quick suite over its 20-minute budget; the quick suite keeps the
+# multi-process path through tests/scripts/test_local_pod.py (a scripted eval and a killed peer
+# over two processes).
+pytestmark = pytest.mark.slow
+
 # A small run: 2 SFT steps, 2 RL steps of 4 prompts x 4 samples, held-out evals on 8 tasks;
 # two prompt buckets and one row bucket keep the compiles few.
 OVERRIDES = {"sft.steps": 2, "sft.max_tasks": 4, "sft.batch_size": 4, "train.steps": 2,
