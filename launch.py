@@ -1,9 +1,10 @@
-"""One entry point: --mode = model | sft | rl | eval | serve | plan | pass_rates.
+"""One entry point: --mode = model | sft | rl | eval | serve | plan | pass_rates | compile.
 
   python launch.py --config=configs/tiny_cpu.py --config.model.hidden_size=128 --mode=model
   python launch.py --config=configs/tiny_cpu.py --mode=rl            # SFT warm start, then RL
   python launch.py --config=configs/tiny_cpu.py --mode=rl --sweep=configs/sweeps/loss_reduction.py [--dry_run]
   python launch.py --config=configs/tiny_cpu.py --mode=pass_rates   # train tasks' pass rates, for loop.train_pass_range
+  python launch.py --config=configs/qwen3_5_35b_a3b.py --mode=compile --config.compile.target=v5p:2x2x4  # AOT for a slice
 
 Configs are ml_collections files with a `get_config(arg)`; any field can be overridden from the
 command line, and an unknown key is an error naming it.
@@ -23,7 +24,8 @@ from rl import sweep
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/tiny_cpu.py", "Config file, optionally with `:arg`.", lock_config=True)
 _MODE = flags.DEFINE_enum(
-    "mode", "model", ["model", "sft", "rl", "eval", "serve", "plan", "pass_rates"], "What to run.")
+    "mode", "model", ["model", "sft", "rl", "eval", "serve", "plan", "pass_rates", "compile"],
+    "What to run.")
 _PORT = flags.DEFINE_integer("port", 9000, "gRPC port for --mode=serve.")
 _HTTP_PORT = flags.DEFINE_integer(
     "http_port", None, "With --mode=serve: also serve the OpenAI-compatible HTTP API "
@@ -44,6 +46,7 @@ _MODES = {
     "sft": "rl.sft:main_sft",
     "rl": "rl.learner:main_rl",
     "pass_rates": "rl.pass_rates:main",
+    "compile": "rl.compile_job:main",
 }
 
 

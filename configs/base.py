@@ -73,6 +73,7 @@ def get_config() -> ml_collections.ConfigDict:
       ("batch", ("data", "fsdp", "expert")),
       ("activation_length", None),
       ("activation_embed", None),
+      ("activation_heads", "tensor"),   # per-head activations of the sequence mixers (Gated DeltaNet)
       ("embed", "fsdp"),
       ("vocab", "tensor"),
       ("heads", "tensor"),
@@ -234,6 +235,15 @@ def get_config() -> ml_collections.ConfigDict:
   c.plan.device_kind = "cpu"         # label of the target device (e.g. H200, TPU v5p)
   c.plan.device_memory_gib = 16.0    # memory per device the plan must fit in
   c.plan.seq_lens = ()               # sequence lengths tabulated; () = train.seq_len only
+
+  # Ahead-of-time compile for an accelerator slice (--mode=compile, rl/compile_job.py): every
+  # program the job runs there, compiled from this CPU for compile-only devices; nothing runs.
+  c.compile = ml_collections.ConfigDict()
+  c.compile.target = ""              # KIND:SHAPE, e.g. v5p:4x4x4 (TPU chips) or h200:2x8 (hosts x GPUs); "" = required
+  c.compile.programs = ("rl_step", "sft_step", "engine")  # which of the job's programs (sft_step only where sft.steps > 0)
+  c.compile.seq_len = 0              # row length of the compiled train step; 0 = train.seq_len
+  c.compile.engine_buckets = ()      # prefill buckets compiled; () = the largest of rollout.prefill_buckets
+  c.compile.engine_devices = 0       # devices of the serve job's engine; 0 = one host's (rollout.mesh_shape decides)
 
   # Tokenizer and chat format (envs/chat).
   c.tokenizer = ml_collections.ConfigDict()

@@ -89,22 +89,33 @@ def context_parallel_rules(rules: Iterable, axes) -> Rules:
 
   A long trajectory then costs each device its share of the row's activations instead of the
   whole row; attention gathers its keys and values across the split (GSPMD inserts the
-  collectives). Rows are spread over the batch rule's remaining axes."""
+  collectives). Rows are spread over the batch rule's remaining axes.
+
+  The Gated DeltaNet's recurrence runs along the row, chunk after chunk, so a row split by
+  position would pass its state from device to device at every chunk (GSPMD gathers the whole
+  sequence at each step of the chunk scan instead). Its per-head tensors are split by head over
+  the same `axes` instead (`activation_heads`; all-to-alls in and out of the recurrence, as in
+  DeepSpeed-Ulysses): each device runs whole rows of its heads."""
   axes = (axes,) if isinstance(axes, str) else tuple(axes)
   batch = tuple(a for a in rule_axes(rules, "batch") if a not in axes)
-  return _with_targets(rules, batch=_rule_target(batch), activation_length=_rule_target(axes))
+  heads = axes + tuple(a for a in rule_axes(rules, "activation_heads") if a not in axes)
+  return _with_targets(rules, batch=_rule_target(batch), activation_length=_rule_target(axes),
+                       activation_heads=_rule_target(heads))
 
 
 def without_context_parallel(rules: Iterable) -> Rules:
-  """`rules` with whole rows again: the `activation_length` axes go back to the `batch` rule.
-  The rollout engine's layout: its decode state is split by slot over the batch axes, and a
-  cache split by position would cost a collective at every decoded token."""
+  """`rules` with whole rows again: the `activation_length` axes go back to the `batch` rule
+  (and leave `activation_heads`). The rollout engine's layout: its decode state is split by
+  slot over the batch axes, and a cache split by position would cost a collective at every
+  decoded token."""
   length = rule_axes(rules, "activation_length")
   if not length:
     return rules_from_config(rules)
   batch = rule_axes(rules, "batch")
   batch += tuple(a for a in length if a not in batch)
-  return _with_targets(rules, batch=_rule_target(batch), activation_length=None)
+  heads = tuple(a for a in rule_axes(rules, "activation_heads") if a not in length)
+  return _with_targets(rules, batch=_rule_target(batch), activation_length=None,
+                       activation_heads=_rule_target(heads))
 
 
 def _with_targets(rules: Iterable, **targets) -> Rules:

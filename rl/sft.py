@@ -216,13 +216,15 @@ def sft_train(config, data: dict, params, metrics: Optional[Metrics] = None,
   return params
 
 
-def sft_steps(config, model_cfg, opt) -> tuple:
+def sft_steps(config, model_cfg, opt, backend: Optional[str] = None) -> tuple:
   """The jitted SFT updates: (params, opt_state, batch, drill) with the copy drill's rows added
   at sft.copy_drill_weight, and (params, opt_state, drill) on drill rows alone (where a small
   model first forms the content-copy circuit; cheap steps). Each returns (params, opt_state,
   loss, grad norm, drill loss)."""
   lm_weight = float(config.sft.lm_loss_weight)
   drill_weight = float(config.sft.copy_drill_weight)
+  # `backend`: the platform the steps compile for (default: this process's; the compile mode
+  # builds them for compile-only devices, rl/compile_job.py).
 
   def total_loss(p, batch, drill):
     loss = sft_loss(model_cfg, p, batch, lm_weight)
@@ -230,7 +232,8 @@ def sft_steps(config, model_cfg, opt) -> tuple:
     return loss + drill_weight * drill_loss, drill_loss
 
   jit = functools.partial(jax.jit,
-                          compiler_options=xla_flags.compiler_options(config.train.xla_cpu_dots))
+                          compiler_options=xla_flags.compiler_options(config.train.xla_cpu_dots,
+                                                                      backend))
 
   def make_step(loss_fn):
     @jit

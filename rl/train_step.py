@@ -442,7 +442,10 @@ class TrainStep:
           self._step, in_shardings=(self.state_shardings, self.batch_shardings(batch)),
           out_shardings=(self.state_shardings, sharding.replicated(self.mesh)),
           donate_argnums=(0,),
-          compiler_options=xla_flags.compiler_options(self.config.train.xla_cpu_dots))
+          # The mesh's platform, not the process's: the compile mode builds this step for
+          # compile-only TPU / GPU devices from a CPU process (rl/compile_job.py).
+          compiler_options=xla_flags.compiler_options(self.config.train.xla_cpu_dots,
+                                                      self.mesh.devices.flat[0].platform))
     elif layout != self._batch_signature[0] or (
         row_len != self._batch_signature[1] and row_len not in self.row_lengths()):
       raise ValueError(f"batch layout changed: {layout}, rows of {row_len} vs "

@@ -291,6 +291,12 @@ def forward(p, x, cfg: ModelConfig, state=None, lengths=None, rule: str = "chunk
   # Each q/k head serves nv/nk consecutive value heads.
   q = jnp.repeat(_l2norm(q), nv // nk, axis=2) * (dk ** -0.5)
   k = jnp.repeat(_l2norm(k), nv // nk, axis=2)
+  # Whole rows, split by head (models/sharding.context_parallel_rules): the chunk scan below
+  # walks the row, which must not be split by position.
+  heads = ("batch", None, "activation_heads")
+  q, k, v = (common.constrain(a, heads + (None,)) for a in (q, k, v))
+  g, beta = common.constrain(g, heads), common.constrain(beta, heads)
+  z = common.constrain(z, heads + (None,))
   if rule == "chunked":
     out, ssm = chunked_delta_rule(q, k, v, g, beta, state["ssm"], chunk_size(cfg),
                                   cfg.gdn_backward)

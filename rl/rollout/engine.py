@@ -183,8 +183,11 @@ class TokenTokenizer(tokenizer_api.Tokenizer):
     return set(self._stop)
 
 
-def engine_mesh(config):
+def engine_mesh(config, devices: Optional[Sequence[Any]] = None):
   """(mesh, logical-axis rules) of the engine, or (None, None) for one device.
+
+  `devices`: the process's devices to build it over (default: jax.local_devices(); the compile
+  mode passes one host's compile-only devices of a target, rl/compile_job.py).
 
   `rollout.mesh_shape` over `mesh.axes` with `mesh.rules`, across all devices; () = `mesh.shape`:
   in the default layout the engine lives in the trainer's process on the trainer's devices, and
@@ -196,17 +199,18 @@ def engine_mesh(config):
   """
   # Each process of a multi-process job serves its own episodes from an engine on its own
   # devices (the trainer's process-local devices; one process: all of them).
+  local = list(jax.local_devices() if devices is None else devices)
   try:
-    shape = capacity.engine_mesh_shape(config, jax.local_device_count())
+    shape = capacity.engine_mesh_shape(config, len(local))
     # A shape without -1 may take the first of more devices (one for a small model).
-    wanted = min(int(np.prod(shape)), jax.local_device_count())
+    wanted = min(int(np.prod(shape)), len(local))
     resolved = sharding.resolve_mesh_shape(config.mesh.axes, shape, wanted)
   except sharding.MeshError as e:
     raise sharding.MeshError(f"rollout engine: {e} (set rollout.mesh_shape)") from e
   if int(np.prod(resolved)) == 1:
     return None, None
   mesh = sharding.make_mesh(types.SimpleNamespace(axes=tuple(config.mesh.axes), shape=resolved),
-                            devices=jax.local_devices()[:wanted])
+                            devices=local[:wanted])
   # Context parallelism is for the train step's long rows; the engine keeps whole rows.
   return mesh, sharding.without_context_parallel(config.mesh.rules)
 
@@ -246,6 +250,9 @@ class QwenEngine(engine_api.Engine):
       (rl/rollout/turn_cache.py); 0 = none.
     weights_dtype: dtype the engine holds its weight matrices in (`serving_shapes`); params in
       another float dtype (float32 master weights) are cast on the way in. None = as given.
+    abstract_on: None, or a (compile-only) device: then the engine holds no weights, only their
+      shapes and shardings (on its mesh, or on this device without one); it cannot serve, only
+      `lower_programs` (the compile mode, rl/compile_job.py).
   """
 
   def __init__(self, cfg, *, slots: int, max_len: int, prefill_buckets: Sequence[int],
@@ -253,7 +260,7 @@ class QwenEngine(engine_api.Engine):
                stop_ids: Sequence[int] = (), cache_dtype: Optional[str] = None, tokenizer_cfg=None,
                mesh=None, rules=None, prefix_buckets: Sequence[int] = (), prefix_min_len: int = 256,
                initial_version: int = 0, turn_cache: int = 0,
-               weights_dtype: Optional[str] = None):
+               weights_dtype: Optional[str] = None, abstract_on: Optional[Any] = None):
     if max_len > cfg.max_position_embeddings:
       raise ValueError(f"max_len {max_len} > model max_position_embeddings "
                        f"{cfg.max_position_embeddings}")
@@ -281,8 +288,11 @@ class QwenEngine(engine_api.Engine):
     if mesh is not None:
       self._param_shardings = sharding.tree_shardings(qwen3_5.param_axes(cfg),
                                                       self._abstract_params, mesh, rules)
+    self._abstract_on = abstract_on
     # Placed exactly as `update_params` will place new weights, so a swap never recompiles.
-    if params is None:
+    if abstract_on is not None:
+      params = self.params_target()
+    elif params is None:
       # Initialised where it is served, shard by shard: a model that needs the engine's mesh
       # does not fit one device (a served random init is a placeholder until a weight sync).
       where = ({} if self._param_shardings is None
@@ -316,13 +326,19 @@ class QwenEngine(engine_api.Engine):
     self._generate_jit = jax.jit(self._generate_impl, donate_argnums=(1,))
 
   @classmethod
-  def from_config(cls, config, params=None, **overrides) -> "QwenEngine":
-    """Builds the engine from the `model`, `rollout`, `tokenizer`, `mesh` and `seed` sections."""
+  def from_config(cls, config, params=None, devices: Optional[Sequence[Any]] = None,
+                  **overrides) -> "QwenEngine":
+    """Builds the engine from the `model`, `rollout`, `tokenizer`, `mesh` and `seed` sections.
+    `devices`: one process's devices for its mesh (`engine_mesh`); compile-only ones give an
+    abstract engine (`abstract_on`), for `lower_programs` alone."""
     r = config.rollout
     cfg = qwen3_5.config_from_dict(config.model)
-    mesh, rules = engine_mesh(config)
+    mesh, rules = engine_mesh(config, devices)
+    if devices is not None:
+      overrides.setdefault("abstract_on", devices[0])
     kw = dict(
-        slots=capacity.engine_slots(config), max_len=r.max_len, prefill_buckets=r.prefill_buckets,
+        slots=capacity.engine_slots(config, len(devices) if devices is not None else 0),
+        max_len=r.max_len, prefill_buckets=r.prefill_buckets,
         params=params, init_seed=config.seed,
         default_sampling=SamplingSettings(r.temperature, r.top_p, r.top_k, None),
         stop_ids=r.stop_ids, cache_dtype=r.cache_dtype or None, tokenizer_cfg=config.tokenizer,
@@ -448,7 +464,11 @@ class QwenEngine(engine_api.Engine):
   def params_target(self):
     """The engine's params as ShapeDtypeStructs with their shardings: a restore target that
     puts each shard of a saved tree straight on the device that serves it."""
-    return sharding.with_shardings(self._abstract_params, self._param_shardings)
+    shardings = self._param_shardings
+    if shardings is None and self._abstract_on is not None:
+      one = jax.sharding.SingleDeviceSharding(self._abstract_on)
+      shardings = jax.tree.map(lambda _: one, self._abstract_params)
+    return sharding.with_shardings(self._abstract_params, shardings)
 
   def _cast(self, params):
     """`params` in the engine's dtypes (a no-op for leaves already in them)."""
@@ -649,8 +669,15 @@ class QwenEngine(engine_api.Engine):
 
   def init_decode_state(self, *args, **kwargs):
     del args, kwargs
+    if self._abstract_on is not None:
+      raise RuntimeError("an abstract engine (compile mode) holds no state; use lower_programs")
+    return self._decode_state()
+
+  def _decode_state(self, abstract: bool = False):
+    """The empty decode state of every slot, placed; with `abstract`, its ShapeDtypeStructs
+    with their shardings (nothing allocated)."""
     b, v = self.slots, self.cfg.vocab_size
-    state = {
+    make = lambda: {
         "cache": qwen3_5.init_cache(self.cfg, b, self.max_len, self.cache_dtype),
         "logits": jnp.zeros((b, v), jnp.float32),
         "key": jnp.zeros((b, 2), jnp.uint32),
@@ -663,13 +690,43 @@ class QwenEngine(engine_api.Engine):
         "version": jnp.full((b,), -1, jnp.int32),
         "done": jnp.ones((b,), bool),   # an empty slot has nothing to advance
     }
+    shapes = jax.eval_shape(make)
     if self._mesh is not None:
-      shapes = jax.eval_shape(lambda: state["cache"])
-      cache_sh = sharding.tree_shardings(qwen3_5.cache_axes(self.cfg), shapes, self._mesh, self._rules)
+      cache_sh = sharding.tree_shardings(qwen3_5.cache_axes(self.cfg), shapes["cache"],
+                                         self._mesh, self._rules)
       rest = {k: sharding.batch_sharding(self._mesh, self._rules, x.ndim, b)
-              for k, x in state.items() if k != "cache"}
-      state = jax.device_put(state, dict(rest, cache=cache_sh))
-    return state
+              for k, x in shapes.items() if k != "cache"}
+      where = dict(rest, cache=cache_sh)
+    else:
+      where = jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(
+          self._abstract_on or jax.local_devices()[0]), shapes)
+    if abstract:
+      return sharding.with_shardings(shapes, where)
+    state = make()
+    return jax.device_put(state, where) if self._mesh is not None else state
+
+  def lower_programs(self, buckets: Optional[Sequence[int]] = None) -> dict:
+    """name -> `jax.stages.Lowered` of the programs serving runs: a prefill and an insert per
+    prompt bucket (default: every bucket) and the generate step, for abstract inputs of the
+    shapes and shardings serving gives them. Nothing runs and nothing is allocated."""
+    params = self.params_target()
+    state = self._decode_state(abstract=True)
+    one = (self._mesh and sharding.replicated(self._mesh)) or jax.sharding.SingleDeviceSharding(
+        self._abstract_on or jax.local_devices()[0])
+    sds = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=one)
+    request = (sds((), jnp.uint32), sds((), jnp.uint32), sds((), jnp.float32), sds((), jnp.int32),
+               sds((), jnp.float32), sds((MAX_STOP_IDS,), jnp.int32), sds((), jnp.int32),
+               sds((), jnp.int32))
+    out = {}
+    with self._ctx():
+      for b in buckets or self.buckets:
+        prefill = self._prefill_jit.lower(params, sds((1, b), jnp.int32), sds((1,), jnp.int32),
+                                          *request)
+        out[f"prefill_{b}"] = prefill
+        prefix = jax.tree.map(lambda x: sds(x.shape, x.dtype), prefill.out_info)
+        out[f"insert_{b}"] = self._insert_jit.lower(prefix, state, sds((), jnp.int32))
+      out["generate"] = self._generate_jit.lower(params, state, sds((), jnp.int32))
+    return out
 
   def warmup(self, buckets: Optional[Sequence[int]] = None) -> None:
     """Compiles prefill + insert for each bucket and one generate step."""

@@ -1,0 +1,445 @@
+"""Ahead-of-time compilation for accelerators this machine does not have, and what it reports.
+
+    devices = aot.target_devices("v5p:2x2x4")      # 16 compile-only TPU v5p chips
+    devices = aot.target_devices("h200:2x8")       # 2 hosts x 8 compile-only H200s
+    mesh = sharding.make_mesh(config.mesh, devices)
+    compiled = jax.jit(f, in_shardings=...).lower(*abstract_args).compile()
+    report = aot.analyse(compiled, aot.target_spec("v5p:2x2x4"))
+
+XLA compiles for a device description rather than a device: the TPU compiler (the `libtpu`
+wheel) takes a topology name, XLA:GPU (the CUDA plugin) a GpuTargetConfig text proto
+(`models/gpu_targets/*.txtpb`, written from public spec sheets). The compile-only devices have
+no memory; a program lowered for them is compiled exactly as it would be on the slice, so its
+`memory_analysis()` is the compiler's per-device budget of the real run.
+
+What `analyse` reports, per device:
+  memory      argument, output, aliased (donated) and temporary bytes; the total the program
+              holds is arguments + outputs - aliased + temporaries (+ TPU program code).
+  flops       counted from the optimized HLO: every dot / convolution (and cuBLAS GEMM custom
+              call) times the trip counts of the while loops around it. XLA's own
+              `cost_analysis()` counts a loop body once (the layer scan, the micro-batch loop),
+              which undercounts a training step by the product of those trip counts; on GPU it
+              returns nothing at all.
+  collectives count and bytes of each kind (all-gather, reduce-scatter, all-reduce,
+              all-to-all, collective-permute), the result shapes' bytes times trip counts.
+  custom_calls the custom-call targets with their counts (cuDNN attention, cuBLAS GEMMs, ...).
+  optimal_seconds (TPU only) XLA's roofline estimate of the step, scaled by the trip counts its
+              cost analysis leaves out (the ratio of counted FLOPs to its FLOPs): an estimate.
+
+Trip counts are read from each loop's condition (`compare(counter, constant N), direction=LT`,
+as every `lax.scan` / `fori_loop` lowers: counter from 0, step 1). A loop whose condition has
+another form counts once, and `analyse` lists it under `unknown_trip_counts`.
+Conditionals (`lax.cond`) count every branch once: an upper bound, which for the train step's
+skipped micro-batches and empty updates is the computed case.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import re
+from typing import Any, Optional
+
+import jax
+
+GiB = 1024 ** 3
+_GPU_TARGET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_targets")
+# Where `make setup-compile` installs the CUDA plugin: beside the project's packages, not among
+# them, because an installed CUDA plugin writes its "no CUDA driver" lines to stderr at every
+# `import jax` of every process on a machine without a GPU. Only a GPU compile loads it.
+GPU_COMPILER_DIR = os.environ.get(
+    "GPU_COMPILER_DIR",
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv", "gpu-compiler"))
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSpec:
+  """Public figures of one accelerator: HBM, dense bfloat16 peak and HBM bandwidth."""
+  name: str
+  platform: str            # "tpu" | "cuda"
+  hbm_bytes: int
+  peak_bf16_flops: float   # per second, dense
+  hbm_bytes_per_s: float
+
+
+# Spec sheets (per chip / GPU). TPU: Cloud TPU system architecture pages; GPU: NVIDIA's data
+# sheets (H100 SXM 80 GB, H200 SXM 141 GB; dense, no sparsity).
+DEVICES = {
+    "v4": DeviceSpec("TPU v4", "tpu", 32 * GiB, 275e12, 1.2e12),
+    "v5e": DeviceSpec("TPU v5e", "tpu", 16 * GiB, 197e12, 819e9),
+    "v5p": DeviceSpec("TPU v5p", "tpu", 95 * GiB, 459e12, 2.765e12),
+    "v6e": DeviceSpec("TPU v6e", "tpu", 32 * GiB, 918e12, 1.64e12),
+    "tpu7x": DeviceSpec("TPU7x", "tpu", 192 * GiB, 2307e12, 7.37e12),
+    "h100": DeviceSpec("NVIDIA H100 SXM", "cuda", 80 * GiB, 989e12, 3.35e12),
+    "h200": DeviceSpec("NVIDIA H200 SXM", "cuda", 141 * GiB, 989e12, 4.8e12),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """A parsed target: `kind:shape`, e.g. v5p:4x4x4 (TPU chips) or h200:2x8 (hosts x GPUs)."""
+  kind: str
+  shape: tuple
+  spec: DeviceSpec
+
+  @property
+  def num_devices(self) -> int:
+    return math.prod(self.shape)
+
+  def __str__(self) -> str:
+    return f"{self.kind}:{'x'.join(map(str, self.shape))}"
+
+
+def parse_target(target: str) -> Target:
+  """'v5p:2x2x4' / 'h200:2x8' -> Target; a clear error for anything else."""
+  kind, sep, shape = str(target).strip().lower().partition(":")
+  if not sep or kind not in DEVICES:
+    raise ValueError(f"compile target {target!r}: expected KIND:SHAPE with KIND one of "
+                     f"{sorted(DEVICES)}, e.g. v5p:2x2x4 (TPU chips) or h200:2x8 (hosts x GPUs)")
+  try:
+    dims = tuple(int(d) for d in shape.split("x"))
+  except ValueError:
+    dims = ()
+  spec = DEVICES[kind]
+  want = 2 if spec.platform == "cuda" else (2, 3)
+  if not dims or any(d < 1 for d in dims) or len(dims) not in (
+      (want,) if isinstance(want, int) else want):
+    form = "HOSTSxGPUS (e.g. 2x8)" if spec.platform == "cuda" else "a chip grid (e.g. 4x4x4)"
+    raise ValueError(f"compile target {target!r}: shape {shape!r} is not {form}")
+  return Target(kind, dims, spec)
+
+
+def gpu_target_config(kind: str) -> str:
+  """The GpuTargetConfig text proto of GPU `kind` (models/gpu_targets/<kind>.txtpb)."""
+  path = os.path.join(_GPU_TARGET_DIR, f"{kind}.txtpb")
+  with open(path, encoding="utf-8") as f:
+    return f.read()
+
+
+@functools.lru_cache(maxsize=None)
+def target_devices(target: str) -> list:
+  """Compile-only devices of `target` (nothing runs on them; programs compile for them).
+
+  TPU needs the `libtpu` wheel and GPU the CUDA plugin (requirements-compile.txt, `make
+  setup-compile`); a missing one is an error that says so. Several processes may hold libtpu
+  at once here (ALLOW_MULTIPLE_LIBTPU_LOAD): nothing runs on a device, so nothing is shared.
+  """
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  t = parse_target(target)
+  try:
+    if t.spec.platform == "tpu":
+      os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+      # libtpu's names: v5p and v6e chips by their generation ("v5p:2x2x4"), v5e as "v5e".
+      topo = topologies.get_topology_desc(topology_name=f"{t.kind}:{'x'.join(map(str, t.shape))}",
+                                          platform="tpu")
+    else:
+      _load_cuda_plugin()
+      hosts, per_host = t.shape
+      topo = topologies.get_topology_desc(platform="cuda", target_config=gpu_target_config(t.kind),
+                                          topology=f"{hosts}x{per_host}x1")
+  except Exception as e:  # the plugin's own errors are long and say nothing of the install
+    what = "libtpu" if t.spec.platform == "tpu" else "the CUDA plugin (jax-cuda12-plugin)"
+    raise RuntimeError(f"cannot compile for {target}: {what} failed to describe the target "
+                       f"({type(e).__name__}: {str(e).splitlines()[0][:300]}); install it with "
+                       f"`make setup-compile`") from e
+  devices = list(topo.devices)
+  if len(devices) != t.num_devices:
+    raise RuntimeError(f"target {target}: expected {t.num_devices} devices, got {len(devices)}")
+  return devices
+
+
+def _load_cuda_plugin() -> None:
+  """Registers the CUDA plugin from GPU_COMPILER_DIR (once; jax may have started already)."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+  if xla_bridge._topology_factories.get("cuda"):  # pylint: disable=protected-access
+    return
+  if os.path.isdir(GPU_COMPILER_DIR) and GPU_COMPILER_DIR not in sys.path:
+    sys.path.append(GPU_COMPILER_DIR)
+  try:
+    plugin = importlib.import_module("jax_plugins.xla_cuda12")
+  except ImportError as e:
+    raise RuntimeError(f"the CUDA plugin is not installed (looked in {GPU_COMPILER_DIR})") from e
+  plugin.initialize()
+
+
+# ------------------------------------------------------------------------------ HLO analysis
+
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+_DTYPE_BYTES = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
+                "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+                "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+_COMP_START = re.compile(r"^(ENTRY )?%?([^\s(]+) \(.*\) -> .*\{\s*$")
+_INSTR = re.compile(r"^\s*(?:ROOT )?%([^\s=]+) = (.+?) ([a-z][a-z0-9\-]*)\((.*)$")
+_ARRAY = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,]*)\]")
+_OPERAND = re.compile(r"%([^\s,()]+)")
+
+
+def _arrays(type_str: str) -> list[tuple[str, tuple]]:
+  """(dtype, dims) of each array in an HLO type string (a tuple type lists several)."""
+  out = []
+  for dt, dims in _ARRAY.findall(type_str):
+    if dt in _DTYPE_BYTES:
+      out.append((dt, tuple(int(d) for d in dims.split(",") if d)))
+  return out
+
+
+def _bytes(arrays) -> int:
+  return sum(_DTYPE_BYTES[dt] * math.prod(d) for dt, d in arrays)
+
+
+@dataclasses.dataclass
+class _Instr:
+  name: str
+  type_str: str
+  op: str
+  rest: str
+
+
+def _parse_module(text: str) -> tuple[dict, Optional[str]]:
+  """HLO text -> ({computation: [instructions]}, entry computation name)."""
+  comps, entry, cur = {}, None, None
+  for line in text.splitlines():
+    m = _COMP_START.match(line)
+    if m:
+      cur = m.group(2)
+      comps[cur] = []
+      if m.group(1):
+        entry = cur
+      continue
+    if cur is None:
+      continue
+    if line.startswith("}"):
+      cur = None
+      continue
+    m = _INSTR.match(line)
+    if m:
+      comps[cur].append(_Instr(*m.groups()))
+  return comps, entry
+
+
+def _dims_attr(rest: str, name: str) -> tuple:
+  m = re.search(name + r"=\{([0-9,]*)\}", rest)
+  return tuple(int(d) for d in m.group(1).split(",") if d) if m else ()
+
+
+def _operand_names(rest: str) -> list[str]:
+  """Operand names of an instruction (the text inside its call parentheses)."""
+  depth, end = 1, len(rest)
+  for i, ch in enumerate(rest):
+    depth += ch == "("
+    depth -= ch == ")"
+    if depth == 0:
+      end = i
+      break
+  return _OPERAND.findall(rest[:end])
+
+
+def _dot_flops(instr: _Instr, shapes: dict) -> float:
+  out = _arrays(instr.type_str)
+  ops = _operand_names(instr.rest)
+  if not out or not ops or ops[0] not in shapes:
+    return 0.0
+  lhs = shapes[ops[0]]
+  contract = math.prod(lhs[d] for d in _dims_attr(instr.rest, "lhs_contracting_dims"))
+  return 2.0 * math.prod(out[0][1]) * contract
+
+
+def _conv_flops(instr: _Instr, shapes: dict) -> float:
+  """2 x output elements x input features x the window taps that meet real input.
+
+  XLA:TPU writes dots as convolutions: `dim_labels=bf_io->bf` for a matmul, and batch
+  dimensions as spatial ones of a base-dilated window (`window={size=8x4 lhs_dilate=8x4}`),
+  where of each window only size / lhs_dilate taps (here one) meet an input element; the rest
+  meet the dilation's zeros and are no work."""
+  out = _arrays(instr.type_str)
+  ops = _operand_names(instr.rest)
+  m = re.search(r"dim_labels=[^_]+_([^-]+)->", instr.rest)
+  if not out or len(ops) < 2 or ops[1] not in shapes or not m:
+    return 0.0
+  kernel, labels = shapes[ops[1]], m.group(1)
+  if len(labels) != len(kernel) or "i" not in labels:
+    return 0.0
+  taps = 1
+  w = re.search(r"window=\{([^}]*)\}", instr.rest)
+  if w:
+    attrs = dict(kv.split("=", 1) for kv in w.group(1).split() if "=" in kv)
+    size = [int(x) for x in attrs.get("size", "").split("x") if x]
+    dilate = [int(x) for x in attrs.get("lhs_dilate", "").split("x") if x] or [1] * len(size)
+    taps = math.prod(-(-s // d) for s, d in zip(size, dilate))
+  return 2.0 * math.prod(out[0][1]) * kernel[labels.index("i")] * taps
+
+
+def _gemm_call_flops(instr: _Instr, shapes: dict) -> float:
+  """cuBLAS GEMM custom calls (`__cublas$gemm`, `__cublas$lt$matmul`): dimension numbers live
+  in the backend config."""
+  m = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', instr.rest)
+  ops = _operand_names(instr.rest)
+  out = _arrays(instr.type_str)
+  if not m or not ops or ops[0] not in shapes or not out:
+    return 0.0
+  lhs = shapes[ops[0]]
+  contract = math.prod(lhs[int(d.strip('" '))] for d in m.group(1).split(",") if d.strip())
+  return 2.0 * math.prod(out[0][1]) * contract
+
+
+def _trip_count(cond: list[_Instr], comps: dict) -> Optional[int]:
+  """N of a loop condition `counter < N` (constant N), or None for another form. The compare
+  may sit in a fusion the condition calls, with the constant passed in as an operand."""
+  consts = {}
+  for ins in cond:
+    if ins.op == "constant":
+      m = re.match(r"(-?\d+)\)", ins.rest)
+      if m:
+        consts[ins.name] = int(m.group(1))
+  for ins in cond:
+    is_lt = ins.op == "compare" and "direction=LT" in ins.rest
+    if ins.op == "fusion":
+      callee = re.search(r"calls=%?([^\s,}]+)", ins.rest)
+      body = comps.get(callee.group(1), []) if callee else []
+      is_lt = any(i.op == "compare" and "direction=LT" in i.rest for i in body)
+      inner = _trip_count(body, comps) if is_lt else None
+      if inner is not None:
+        return inner
+    if is_lt:
+      for name in _operand_names(ins.rest)[1:]:
+        if name in consts:
+          return consts[name]
+  return None
+
+
+def _callees(instr: _Instr) -> list[tuple[str, str]]:
+  """(role, computation) pairs an instruction calls."""
+  out = []
+  for role in ("calls", "to_apply", "body", "condition", "true_computation",
+               "false_computation"):
+    for m in re.finditer(role + r"=%?([^\s,}]+)", instr.rest):
+      out.append((role, m.group(1)))
+  m = re.search(r"branch_computations=\{([^}]*)\}", instr.rest)
+  if m:
+    out += [("branch", n.strip().lstrip("%")) for n in m.group(1).split(",") if n.strip()]
+  return out
+
+
+def hlo_costs(text: str) -> dict:
+  """FLOPs, collectives and custom calls of an optimized HLO module, loops unrolled by their
+  trip counts (see the module docstring)."""
+  comps, entry = _parse_module(text)
+  shapes = {}
+  for instrs in comps.values():
+    for ins in instrs:
+      arrays = _arrays(ins.type_str)
+      if arrays:
+        shapes[ins.name] = arrays[0][1]
+  unknown = []
+
+  def trip(ins: _Instr) -> int:
+    m = re.search(r'"known_trip_count":\{"n":"(\d+)"', ins.rest)   # XLA's own, where it says
+    if m:
+      return int(m.group(1))
+    cond_name = dict(_callees(ins))["condition"]
+    n = _trip_count(comps.get(cond_name, []), comps)
+    if n is None:
+      unknown.append(cond_name)
+      return 1
+    return n
+
+  @functools.lru_cache(maxsize=None)
+  def cost(name: str) -> tuple:
+    flops, coll, calls = 0.0, {}, {}
+    for ins in comps.get(name, []):
+      if ins.op == "dot":
+        flops += _dot_flops(ins, shapes)
+      elif ins.op == "convolution":
+        flops += _conv_flops(ins, shapes)
+      elif ins.op == "custom-call":
+        m = re.search(r'custom_call_target="([^"]+)"', ins.rest)
+        target = m.group(1) if m else "?"
+        calls[target] = calls.get(target, 0) + 1
+        if "cublas" in target:
+          flops += _gemm_call_flops(ins, shapes)
+      kind = ins.op[:-6] if ins.op.endswith("-start") else ins.op
+      if kind in COLLECTIVES:
+        arrays = _arrays(ins.type_str)
+        # An async start's result is (operands..., results...): its largest array is the
+        # result of an all-gather and the operand of a reduce-scatter; either is the bytes moved.
+        nbytes = max((_bytes([a]) for a in arrays), default=0) if ins.op.endswith("-start") \
+            else _bytes(arrays)
+        n, b = coll.get(kind, (0, 0))
+        coll[kind] = (n + 1, b + nbytes)
+      callees = _callees(ins)
+      n_trip = trip(ins) if ins.op == "while" else 1
+      for role, callee in callees:
+        if role == "to_apply" and ins.op != "call":
+          continue  # scalar reducers of reduce / all-reduce / scatter
+        times = n_trip + 1 if role == "condition" else (n_trip if role == "body" else 1)
+        f, c, k = cost(callee)
+        flops += times * f
+        for kind2, (cn, cb) in c.items():
+          n0, b0 = coll.get(kind2, (0, 0))
+          coll[kind2] = (n0 + times * cn, b0 + times * cb)
+        for t2, cnt in k.items():
+          calls[t2] = calls.get(t2, 0) + times * cnt
+    return flops, coll, calls
+
+  if entry is None:
+    raise ValueError("no ENTRY computation in the HLO text")
+  flops, coll, calls = cost(entry)
+  return {"flops": flops,
+          "collectives": {k: {"count": int(n), "bytes": int(b)} for k, (n, b) in sorted(coll.items())},
+          "custom_calls": dict(sorted(calls.items())),
+          "unknown_trip_counts": sorted(set(unknown))}
+
+
+def memory(compiled) -> dict:
+  """Per-device bytes of a compiled program: arguments, outputs, aliased, temporaries, code."""
+  m = compiled.memory_analysis()
+  out = {"argument": int(m.argument_size_in_bytes), "output": int(m.output_size_in_bytes),
+         "alias": int(m.alias_size_in_bytes), "temp": int(m.temp_size_in_bytes),
+         "code": int(getattr(m, "generated_code_size_in_bytes", 0) or 0)}
+  out["total"] = out["argument"] + out["output"] - out["alias"] + out["temp"] + out["code"]
+  return out
+
+
+_OOM = re.compile(r"Used ([0-9.]+)([KMGT])? of ([0-9.]+)([KMGT])? (hbm|memory)", re.I)
+_UNIT = {None: 1, "": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def out_of_memory(error: BaseException) -> Optional[dict]:
+  """{"needed": bytes, "available": bytes} when a compile failed for want of device memory."""
+  text = str(error)
+  if "RESOURCE_EXHAUSTED" not in text and "Ran out of memory" not in text:
+    return None
+  m = _OOM.search(text)
+  if not m:
+    return {"needed": None, "available": None, "message": text.splitlines()[0][:300]}
+  need = float(m.group(1)) * _UNIT[(m.group(2) or "").upper()]
+  have = float(m.group(3)) * _UNIT[(m.group(4) or "").upper()]
+  return {"needed": int(need), "available": int(have), "message": text.splitlines()[0][:300]}
+
+
+def analyse(compiled, spec: DeviceSpec) -> dict:
+  """Memory, counted FLOPs, collectives and (TPU) XLA's time estimate of a compiled program."""
+  mem = memory(compiled)
+  costs = hlo_costs(compiled.as_text())
+  out = {"memory": mem, "fits": mem["total"] <= spec.hbm_bytes, "hbm_bytes": spec.hbm_bytes,
+         **costs}
+  ca = None
+  try:
+    ca = compiled.cost_analysis()
+  except Exception:  # XLA:GPU raises or returns None without a device: nothing to report
+    ca = None
+  if isinstance(ca, (list, tuple)):
+    ca = ca[0] if ca else None
+  if ca and ca.get("optimal_seconds", -1) > 0 and ca.get("flops"):
+    # XLA's estimate counts each loop body once; scale it by the trip counts it leaves out.
+    out["xla_optimal_seconds"] = float(ca["optimal_seconds"])
+    out["estimated_seconds"] = float(ca["optimal_seconds"]) * costs["flops"] / float(ca["flops"])
+  return out
+
+
+def describe(devices: list[Any]) -> str:
+  d = devices[0]
+  return f"{len(devices)} x {getattr(d, 'device_kind', d.platform)}"

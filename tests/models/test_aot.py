@@ -1,0 +1,79 @@
+"""models/aot.py: targets, compile-only devices and what is read from a compiled program."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from models import aot
+
+
+def test_targets_parse_and_bad_ones_say_what_is_expected():
+  t = aot.parse_target("v5p:2x2x4")
+  assert (t.kind, t.shape, t.num_devices, t.spec.platform) == ("v5p", (2, 2, 4), 16, "tpu")
+  g = aot.parse_target("H200:2x8")
+  assert (g.kind, g.num_devices, g.spec.hbm_bytes) == ("h200", 16, 141 * aot.GiB)
+  for bad, words in (("v9:2x2", "KIND one of"), ("h200:16", "HOSTSxGPUS"), ("v5p", "KIND:SHAPE"),
+                     ("v5p:2xa", "chip grid")):
+    with pytest.raises(ValueError, match=words):
+      aot.parse_target(bad)
+
+
+def _matmul_chain(n: int, unroll: bool):
+  """n matmuls of [64, 128] x [128, 128], in a scan or written out."""
+  def f(x, ws):
+    if unroll:
+      for i in range(n):
+        x = jnp.tanh(x @ ws[i])
+      return x
+    return jax.lax.scan(lambda x, w: (jnp.tanh(x @ w), None), x, ws)[0]
+  return f
+
+
+@pytest.mark.parametrize("target", ["cpu", "v5p:2x2x1"])
+def test_flops_count_each_loop_iteration_and_match_the_unrolled_program(target):
+  """XLA's cost analysis counts a loop body once; the HLO count multiplies by the trip count:
+  a scan of 12 matmuls counts what the same 12 written out count, and both are the analytic
+  2 x m x k x n x 12 (on TPU too, where dots are convolutions)."""
+  n = 12
+  x = jax.ShapeDtypeStruct((64, 128), jnp.float32)
+  ws = jax.ShapeDtypeStruct((n, 128, 128), jnp.float32)
+  if target != "cpu":
+    dev = aot.target_devices(target)[0]
+    one = jax.sharding.SingleDeviceSharding(dev)
+    x, ws = (jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one) for a in (x, ws))
+  counts = {}
+  for unroll in (False, True):
+    compiled = jax.jit(_matmul_chain(n, unroll)).lower(x, ws).compile()
+    counts[unroll] = aot.hlo_costs(compiled.as_text())
+  analytic = 2 * 64 * 128 * 128 * n
+  assert counts[False]["flops"] == counts[True]["flops"] == analytic
+  assert counts[False]["unknown_trip_counts"] == []
+
+
+def test_collectives_are_counted_with_their_bytes_on_a_tpu_slice():
+  devices = aot.target_devices("v5p:2x2x1")
+  mesh = Mesh(np.array(devices), ("x",))
+  a = jax.ShapeDtypeStruct((1024, 256), jnp.float32, sharding=NamedSharding(mesh, P("x", None)))
+  # A sum over the sharded axis: each device reduces its rows, then an all-reduce of [256].
+  compiled = jax.jit(lambda a: a.sum(0), out_shardings=NamedSharding(mesh, P())).lower(a).compile()
+  coll = aot.hlo_costs(compiled.as_text())["collectives"]
+  assert coll["all-reduce"]["count"] >= 1 and coll["all-reduce"]["bytes"] >= 256 * 4
+
+
+def test_memory_report_has_its_fields_and_totals_them():
+  compiled = jax.jit(lambda a: a @ a.T).lower(jax.ShapeDtypeStruct((256, 64), jnp.float32)).compile()
+  r = aot.analyse(compiled, aot.DEVICES["h200"])
+  m = r["memory"]
+  assert set(m) == {"argument", "output", "alias", "temp", "code", "total"}
+  assert m["argument"] == 256 * 64 * 4 and m["output"] == 256 * 256 * 4
+  assert m["total"] == m["argument"] + m["output"] - m["alias"] + m["temp"] + m["code"]
+  assert r["fits"] and r["flops"] == 2 * 256 * 64 * 256
+
+
+def test_an_out_of_memory_compile_error_becomes_needed_and_available_bytes():
+  err = RuntimeError("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in "
+                     "memory space hbm. Used 111.23G of 95.74G hbm. Exceeded hbm capacity by 15.49G.")
+  oom = aot.out_of_memory(err)
+  assert oom["needed"] == int(111.23 * aot.GiB) and oom["available"] == int(95.74 * aot.GiB)
+  assert aot.out_of_memory(ValueError("shapes do not match")) is None
