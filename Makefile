@@ -20,6 +20,7 @@ PIP_FILTER := 2>&1 | awk '/^ERROR: pip.s dependency resolver does not currently 
 # when its requirements change, so repeated calls are instant.
 RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
+COMPILE_STAMP := $(VENV)/.installed-compile
 PYTEST_ARGS ?=
 # The suite runs in two pytest processes (pytest-xdist), one file at a time each: the tests are
 # mostly single-threaded XLA compiles, Python and servers waiting on each other, so two processes
@@ -29,7 +30,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-.PHONY: setup run test test-all clean
+.PHONY: setup setup-compile run test test-all clean
 
 $(RUN_STAMP): requirements.txt requirements-nodeps.txt requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,7 +39,17 @@ $(RUN_STAMP): requirements.txt requirements-nodeps.txt requirements.lock
 	@$(PIP) --no-deps -r requirements-nodeps.txt -c requirements.lock $(PIP_FILTER)
 	touch $(RUN_STAMP)
 
-$(TEST_STAMP): $(RUN_STAMP) requirements-test.txt
+# The TPU compiler (libtpu, ~0.7 GB) into .venv and XLA:GPU (the CUDA plugin, ~0.5 GB) beside
+# it in .venv/gpu-compiler, for --mode=compile (requirements-compile*.txt say why apart).
+$(COMPILE_STAMP): $(RUN_STAMP) requirements-compile.txt requirements-compile-gpu.txt
+	@echo "pip install -r requirements-compile.txt (into $(VENV)), -r requirements-compile-gpu.txt (into $(VENV)/gpu-compiler)"
+	@$(PIP) -r requirements-compile.txt -c requirements.lock $(PIP_FILTER)
+	@$(PIP) --no-deps --upgrade --target $(VENV)/gpu-compiler -r requirements-compile-gpu.txt $(PIP_FILTER)
+	touch $(COMPILE_STAMP)
+
+setup-compile: $(COMPILE_STAMP)
+
+$(TEST_STAMP): $(RUN_STAMP) $(COMPILE_STAMP) requirements-test.txt
 	@echo "pip install -r requirements-test.txt (into $(VENV))"
 	@$(PIP) -r requirements-test.txt -c requirements.lock $(PIP_FILTER)
 	touch $(TEST_STAMP)
