@@ -7,7 +7,9 @@
   python launch.py --config=configs/qwen3_5_35b_a3b.py --mode=compile --config.compile.target=v5p:2x2x4  # AOT for a slice
 
 Configs are ml_collections files with a `get_config(arg)`; any field can be overridden from the
-command line, and an unknown key is an error naming it.
+command line, and an unknown key is an error naming it. Every override takes effect: a preset
+gives defaults, derived values follow their source (configs/references.py), and every mode
+first prints the resolved model and the keys that differ from configs/base.py (configs/record.py).
 """
 import importlib
 import os
@@ -18,6 +20,7 @@ from absl import flags
 import jax
 from ml_collections import config_flags
 
+from configs import record
 from rl import distributed
 from rl import sweep
 
@@ -34,7 +37,8 @@ _HTTP_PORT = flags.DEFINE_integer(
 _SWEEP = flags.DEFINE_string(
     "sweep", None, "Sweep file (configs/sweeps/X.py[:arg]) whose get_sweep() lists override "
     "dicts: runs --mode once per dict, then writes a comparison table.")
-_DRY_RUN = flags.DEFINE_bool("dry_run", False, "With --sweep: print the jobs, run nothing.")
+_DRY_RUN = flags.DEFINE_bool(
+    "dry_run", False, "With --sweep: print the jobs and what each resolves to, run nothing.")
 
 # mode -> "module:function"; each takes (config, flags) and is imported lazily so that a
 # mode's heavy dependencies (JetStream, worlds) load only when that mode runs.
@@ -72,6 +76,7 @@ def main(argv):
     # Process 0 speaks for the job; the others' errors still reach stderr.
     sys.stdout = open(os.devnull, "w", encoding="utf-8")
   _use_compilation_cache(_CONFIG.value)
+  print(record.report(_CONFIG.value), flush=True)   # the resolved config, before anything runs
   module_name, fn_name = _MODES[_MODE.value].split(":")
   try:
     module = importlib.import_module(module_name)

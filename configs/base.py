@@ -2,14 +2,22 @@
 
 Setup files (tiny_cpu.py, qwen3_5_35b_a3b.py, ...) start from `get_config()` here and change
 only what differs. Code reads the config; it never invents defaults of its own.
+
+A default derived from another key follows it (configs/references.py): `train.seq_len` and
+`rollout.max_len` follow `train.max_context`, and the model fields a preset names follow
+`model.preset` (models/presets.py), each until it is set itself. So an override of the source,
+in a config file, on the command line or in a sweep, reaches them, and an override of the
+derived key wins. launch.py prints the resolved config's differences from `get_config()` here.
 """
 import ml_collections
+
+from configs import references
 
 
 def get_model_config() -> ml_collections.ConfigDict:
   """The Qwen3.5 text model. Field names follow the Hugging Face `text_config`."""
   m = ml_collections.ConfigDict()
-  m.preset = ""                      # name of a preset in models/presets.py; "" = use the fields below
+  m.preset = ""                      # preset of models/presets.py whose values the fields it names default to (until set); "" = the values below
   m.vocab_size = 1024                # tokens in the embedding table / LM head
   m.hidden_size = 64                 # residual stream width
   m.num_hidden_layers = 4            # depth; layer i is attention when (i+1) % full_attention_interval == 0
@@ -49,7 +57,7 @@ def get_model_config() -> ml_collections.ConfigDict:
   m.attention_impl = "auto"          # reference (einsums) | xla | cudnn (jax.nn.dot_product_attention) | auto (per backend, docs/model.md)
   m.moe_dispatch = "auto"            # routed experts: ragged_dot | blocked (expert blocks, one batched matmul) | auto (= blocked; docs/model.md)
   m.moe_block_size = 128             # blocked dispatch: rows per expert block (fewer when tokens per expert are fewer)
-  return m
+  return references.preset_defaults(m)
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -214,9 +222,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.train.mini_batches = 1           # optimizer updates per rollout batch (1 = on-policy)
   c.train.micro_batches = 1          # gradient-accumulation splits of a mini-batch (lax.scan)
   c.train.skip_empty_updates = True  # no optimizer update (momentum, decay) for a mini-batch without a loss token
-  c.train.seq_len = 4096             # padded token length of a training row (>= max_context)
   c.train.seq_buckets = ()           # shorter row lengths a step pads to when its longest trajectory fits (one compile each); () = seq_len only
   c.train.max_context = 4096         # longest episode (tokens) the harness lets grow; recipe: 160k (report_recipe.py)
+  c.train.seq_len = references.follows(c.train, "max_context")  # padded token length of a training row (>= max_context); default = train.max_context
   c.train.log_every = 1              # steps between metric logs
   c.train.init_from = ""             # Hugging Face checkpoint directory the policy starts from (SFT, else RL); "" = random init
   c.train.xla_cpu_dots = "eigen"     # XLA:CPU's matmul library for the RL and SFT steps: eigen | ynnpack (XLA's default; decode keeps it); models/xla_flags.py
@@ -289,7 +297,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.mesh_shape = ()          # the engine's mesh over mesh.axes and mesh.rules; () = mesh.shape (the trainer's devices)
   c.rollout.slots = 0                # decode slots (max_concurrent_decodes); 0 = capacity planner, capped at max_slots
   c.rollout.max_slots = 32           # cap on planner-derived slots (the planner sees no activations)
-  c.rollout.max_len = 4096           # tokens per slot (prompt + sampled); the KV cache length
+  c.rollout.max_len = references.follows(c.train, "max_context")  # tokens per slot (prompt + sampled), the KV cache length; default = train.max_context
   c.rollout.prefill_buckets = (64, 128, 256, 512, 1024, 2048, 4096)  # prompt pad lengths (one compile each)
   c.rollout.prefix_cache = True      # prefill the prompt prefix all requests share (system turn) once per weights
   c.rollout.prefix_buckets = (64, 128, 256, 512, 1024, 2048, 4096)  # pad lengths of the rest of a prompt after it

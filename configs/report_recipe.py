@@ -2,14 +2,23 @@
 
 Float32 master weights (lr 1e-6 updates vanish in bfloat16), bfloat16 compute, full remat per
 layer cycle, query-chunked attention.
+
+The model preset and the derived values here are defaults, not copies: the fields the preset
+names follow `model.preset`, the engine's `rollout.max_len` follows `train.max_context` and its
+kept turns follow prompts x samples (configs/references.py). So
+`--config.model.num_hidden_layers=4` or `--config.train.max_context=4096` on a full-size config
+takes effect, and setting a derived key itself wins over its source.
 """
-
-
+from configs import references
 from models import sharding
 
 
 def apply(c, preset: str):
-  """Sets the full-size model `preset` and the report's hyperparameters on config `c`."""
+  """Sets the full-size model `preset` and the report's hyperparameters on config `c`.
+
+  The preset gives the defaults of the model fields it names (models/presets.py): a field set
+  after this, or on the command line, keeps the value set.
+  """
   c.name = preset
   c.model.preset = preset
   c.model.param_dtype = "float32"
@@ -55,8 +64,8 @@ def apply(c, preset: str):
   c.checkpoint.keep = 3
 
   # Rollout serving (rl/rollout/README.md). A slot holds the whole context the harness lets an
-  # episode reach (capacity.check_context refuses less).
-  c.rollout.max_len = c.train.max_context
+  # episode reach (capacity.check_context refuses less): rollout.max_len follows
+  # train.max_context (configs/base.py).
   # Weight matrices served in bfloat16, as the report's engines serve them: float32 masters
   # would double the engine's weights (397B: 1.6 TB, more than 8 H200 hold). The trainer's
   # float32 params are cast on each weight sync; rollout logprobs come from the bfloat16 copy
@@ -70,7 +79,8 @@ def apply(c, preset: str):
   # conversation again (O(turns^2) tokens). One kept turn per in-flight episode (16 x 16); each
   # holds one slot's state at max_len (3 GiB for 35B-A3B, 4.6 GiB for 397B-A17B), and the
   # planner sets them against the engine's memory. Unmeasured on accelerators (rl/rollout/README.md).
-  c.rollout.turn_cache = c.train.prompts_per_step * c.train.samples_per_prompt
+  # Follows the two keys until set itself.
+  c.rollout.turn_cache = references.product(c.train, "prompts_per_step", "samples_per_prompt")
   c.rollout.stop_ids = (248046, 248044)   # <|im_end|>, <|endoftext|>
 
   c.plan.device_kind = "H200"

@@ -64,10 +64,9 @@ def get_config(arg=None):
   # content-copy rows: the `copy` variant, docs/experiments/tiny_base.md.)
   c.model.tie_word_embeddings = True
   c.model.partial_rotary_factor = 1.0
-  # Level-1 trajectories are 0.8-2.3k tokens with the compact seven-tool system turn.
+  # Level-1 trajectories are 0.8-2.3k tokens with the compact seven-tool system turn. The
+  # training row (train.seq_len) and the engine's slot (rollout.max_len) follow this length.
   c.train.max_context = 2560
-  c.train.seq_len = 2560
-  c.rollout.max_len = 2560
   # A prompt pads to the smallest bucket that holds it. First turns are ~0.8k tokens, later
   # turns up to 2.3k and mostly short: with two buckets most prefills paid for hundreds of pad
   # tokens; these five cost a few seconds more warmup and shorten the held-out eval, same pass@1

@@ -9,8 +9,6 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
-from models import presets
-
 LINEAR = "linear_attention"
 FULL = "full_attention"
 
@@ -141,11 +139,13 @@ def default_layer_types(num_layers: int, interval: int) -> tuple[str, ...]:
 
 
 def from_config_dict(m: Mapping[str, Any]) -> ModelConfig:
-  """From the `config.model` ConfigDict (after a preset, if named, has been applied)."""
+  """From the `config.model` section, as resolved (`to_dict()`): its fields are the model.
+
+  `preset` is only the record of the preset the fields default to (models/presets.py); it is
+  not applied here, so a field set over the preset keeps the value set.
+  """
   m = dict(m)
-  preset = m.pop("preset", "")
-  if preset:
-    m = presets.apply_preset(preset, m)
+  m.pop("preset", None)
   interval = m.pop("full_attention_interval")
   layer_types = tuple(m.pop("layer_types") or ())
   if not layer_types:

@@ -1,5 +1,13 @@
-"""Named Qwen3.5 shapes. A preset fills the `config.model` fields it names; the rest keep
-their defaults from configs/base.py (dtype, scan, remat, ...)."""
+"""Named Qwen3.5 shapes: the defaults of the `config.model` fields a preset names.
+
+A preset gives defaults, never values over the user's: configs/base.py links every field named
+here to `config.model.preset` (configs/references.py), so a field reads its preset's value
+until it is set -- in a config file, on the command line or by a sweep -- and a set field keeps
+the value set. `--config.model.num_hidden_layers=4` on a preset config builds four layers;
+`--config.model.preset=X` changes every field that was not set. Fields no preset names (dtypes,
+scan, remat, ...) keep their configs/base.py defaults. Resolving `config.model` into a
+ModelConfig (models/config.py) reads the fields only; `preset` is the record of the name.
+"""
 
 # Shared by both released MoE models.
 _COMMON = dict(
@@ -33,9 +41,18 @@ PRESETS = {
 }
 
 
-def apply_preset(name: str, fields: dict) -> dict:
+# Every field some preset names.
+FIELDS = tuple(sorted({k for p in PRESETS.values() for k in p}))
+
+
+def preset(name: str) -> dict:
+  """The fields of preset `name` (a copy); a ValueError naming the known ones if there is none."""
   if name not in PRESETS:
     raise ValueError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}")
-  out = dict(fields)
-  out.update(PRESETS[name])
-  return out
+  return dict(PRESETS[name])
+
+
+def default(key: str, value, name: str):
+  """What field `key` reads while it is not set: preset `name`'s value, or `value` (the field's
+  own default) when `name` is "" or the preset does not name `key`."""
+  return preset(name).get(key, value) if name else value

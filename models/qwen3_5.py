@@ -374,7 +374,9 @@ def count_params(cfg: ModelConfig) -> dict:
   the input embedding table is excluded from `active` (a lookup, not a matmul) unless it is
   tied to the LM head. `total` counts every stored weight once.
   """
-  shapes = jax.eval_shape(functools.partial(init_params, cfg), jax.random.key(0))
+  # The key is made inside the trace: no device is touched and no backend starts (launch.py
+  # counts before a mode runs, and a compile-only job sets its devices up after that).
+  shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
   total, routed = 0, 0
   for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]:
     size = math.prod(leaf.shape)
@@ -410,6 +412,7 @@ def save_hf(cfg: ModelConfig, params, path, **kw):
 
 
 def config_from_dict(model_config) -> ModelConfig:
-  """The `config.model` ConfigDict section -> ModelConfig (applies a named preset)."""
+  """The `config.model` ConfigDict section -> ModelConfig (its resolved fields; `preset` is a
+  record, its values already the defaults of those fields: models/presets.py)."""
   return config_lib.from_config_dict(model_config.to_dict() if hasattr(model_config, "to_dict")
                                      else model_config)

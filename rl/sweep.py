@@ -6,9 +6,14 @@ same launch.py command line with `--config.<key>=<value>` added and `--sweep` re
 as its own process (a fresh JAX runtime, its own rollout server port, its own run directory
 runs/<name>-<job>/). Keys are checked against the config before anything runs, so a typo
 fails the whole sweep at once, and so does a job on a reporting world seed (configs/seeds.py:
-sweeps choose settings, so they run on dev seeds). After the jobs, the summaries
-(runs/<job>/summary.json) are tabulated to runs/sweeps/<sweep>-<config name>.md and printed.
+sweeps choose settings, so they run on dev seeds), and so do two jobs that resolve to the same
+config (a sweep key that changes nothing would run one job twice and report two results).
+Before the jobs (and in a dry run, instead of them) each job's resolved differences from the
+sweep's own config are printed: derived values that follow a swept key show there too
+(configs/references.py). After the jobs, the summaries (runs/<job>/summary.json) are tabulated
+to runs/sweeps/<sweep>-<config name>.md and printed.
 """
+import copy
 import importlib.util
 import json
 import os
@@ -17,6 +22,7 @@ import subprocess
 import sys
 import time
 
+from configs import record
 from configs import seeds
 from envs.eval_summary import paired_bootstrap_delta
 
@@ -48,30 +54,63 @@ def _check_keys(config, job: dict) -> None:
       raise SystemExit(f"--sweep: unknown config key {key!r}")
 
 
-def _value(v, inside: bool = False) -> str:
-  """A flag value ml_collections parses back to `v`; strings in a tuple are quoted (unquoted,
-  "(a,b)" would parse as the one string "(a,b)")."""
-  if isinstance(v, (tuple, list)):
-    return "(" + ",".join(_value(x, True) for x in v) + ("," if len(v) == 1 else "") + ")"
-  return repr(v) if inside and isinstance(v, str) else str(v)
+def _overrides(config, argv: list, name: str, job: dict) -> dict:
+  """Dotted key -> value of everything a job's command line sets over the sweep's own command
+  line: the job's run name, the shared SFT directory (unless argv sets one), the job's keys."""
+  out = {"name": name}
+  if not any(a.startswith("--config.sft.dir=") for a in argv[1:]):
+    # The arms share one SFT warm start (trained by the first job, reused by the others).
+    out["sft.dir"] = os.path.join(config.workdir, config.name, "sft")
+  out.update((k, v) for k, v in job.items() if k != "name")
+  return out
 
 
 def job_commands(config, jobs: list, argv: list) -> list:
-  """(run name, argv) per job: argv minus --sweep/--dry_run, plus the job's overrides."""
+  """(run name, job, argv) per job: argv minus --sweep/--dry_run, plus the job's overrides."""
   base = [a for a in argv[1:] if not a.startswith(("--sweep", "--dry_run", "--nodry_run"))]
   base = [a for a in base if not a.startswith("--config.name=")]
-  if not any(a.startswith("--config.sft.dir=") for a in base):
-    # The arms share one SFT warm start (trained by the first job, reused by the others).
-    base.append("--config.sft.dir=" + os.path.join(config.workdir, config.name, "sft"))
   out = []
   for i, job in enumerate(jobs):
     _check_keys(config, job)
     # A sweep chooses settings: it runs on dev seeds only (configs/seeds.py).
     seeds.check_tuning(job.get("envs.seed", config.envs.seed))
     name = f"{config.name}-{job.get('name', f'job{i}')}"
-    args = [sys.executable, os.path.abspath(argv[0])] + base + [f"--config.name={name}"]
-    args += [f"--config.{k}={_value(v)}" for k, v in job.items() if k != "name"]
+    args = [sys.executable, os.path.abspath(argv[0])] + base
+    args += [f"--config.{k}={record.value_text(v)}"
+             for k, v in _overrides(config, argv, name, job).items()]
     out.append((name, job, args))
+  return out
+
+
+def job_config(config, argv: list, name: str, job: dict):
+  """The config job `name` resolves to: a copy of the sweep's `config` (references kept) with
+  the job command line's overrides set, as its process sets them from the flags."""
+  c = copy.deepcopy(config)
+  for key, value in _overrides(config, argv, name, job).items():
+    node = c
+    *parents, last = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[last] = value
+  return c
+
+
+def resolved_jobs(config, cmds: list, argv: list) -> list:
+  """(name, [(key, value, the sweep config's value)]) per job: the keys whose resolved values
+  differ from the sweep's own config, run name and shared SFT directory left out. Stops, naming
+  them, at two jobs that resolve to the same config (their overrides change nothing between
+  them)."""
+  out, seen = [], {}
+  for name, job, _ in cmds:
+    c = job_config(config, argv, name, job)
+    diff = [d for d in record.differences(c, config) if d[0] not in ("name", "sft.dir")]
+    key = repr(sorted((k, repr(v)) for k, v, _ in diff))
+    if key in seen:
+      shown = ", ".join(f"{k}={record.value_text(v)}" for k, v, _ in diff) or "none"
+      raise SystemExit(f"--sweep: jobs {seen[key]} and {name} resolve to the same config; a key "
+                       f"of theirs changes nothing (differences from the sweep's config: {shown})")
+    seen[key] = name
+    out.append((name, diff))
   return out
 
 
@@ -147,9 +186,14 @@ def style_table(config, cmds: list) -> str:
 def run_sweep(spec: str, config, mode: str, argv: list, dry_run: bool = False) -> str:
   jobs = load_sweep(spec)
   cmds = job_commands(config, jobs, argv)
+  resolved = resolved_jobs(config, cmds, argv)
+  print(record.report(config), flush=True)
   print(f"sweep {spec}: {len(cmds)} jobs, mode {mode}", flush=True)
-  for name, _, args in cmds:
+  for (name, _, args), (_, diff) in zip(cmds, resolved):
     print(f"  {name}: {shlex.join(args)}", flush=True)
+    print("    resolves to: " + (", ".join(f"{k}={record.value_text(v)} (was "
+                                          f"{record.value_text(w)})" for k, v, w in diff)
+                                or "the sweep's config"), flush=True)
   if dry_run:
     return ""
   failed = []

@@ -1,7 +1,13 @@
 """launch.py as a user runs it."""
 import os
+import re
 import subprocess
 import sys
+
+import pytest
+
+from configs import qwen3_5_35b_a3b
+from models import qwen3_5
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -16,3 +22,26 @@ def test_launch_writes_compiled_programs_to_the_persistent_cache(tmp_path):
   assert out.returncode == 0, out.stderr[-2000:]
   assert "scored a batch" in out.stdout
   assert cache.is_dir() and any(cache.iterdir())
+
+
+def test_plan_of_the_35b_config_follows_overrides_of_depth_and_context():
+  """--config.model.num_hidden_layers=4 plans a tenth of the layers' parameters (the preset is
+  a default), --config.train.max_context=4096 plans the engine at 4096 tokens (rollout.max_len
+  follows it), and the resolved model and config are printed first."""
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "launch.py"), "--mode=plan",
+                        "--config=" + os.path.join(ROOT, "configs/qwen3_5_35b_a3b.py"),
+                        "--config.model.num_hidden_layers=4", "--config.train.max_context=4096"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  lines = out.stdout.splitlines()
+  assert lines[0].startswith("model: 4 layers (3 Gated DeltaNet, 1 attention), hidden 2048")
+  assert lines[0].endswith("preset qwen3_5_35b_a3b, set over it: num_hidden_layers=4")
+  assert lines[1].startswith("config qwen3_5_35b_a3b: ")
+  assert "  rollout.turn_cache = 256  (base: 0)" in lines
+  # 40 layers of 35B-A3B hold 33.64 B parameters, the embedding and the LM head 1.02 B.
+  full = qwen3_5.config_from_dict(qwen3_5_35b_a3b.get_config().model)
+  outside = 2 * full.vocab_size * full.hidden_size
+  expected = outside + (qwen3_5.count_params(full)["total"] - outside) / 10
+  planned = float(re.search(r"parameters: total ([\d.]+) B", out.stdout).group(1)) * 1e9
+  assert planned == pytest.approx(expected, abs=0.006e9)
+  assert re.search(r"Rollout engine: .* max_len 4096 \(train.max_context 4096\)", out.stdout)

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from configs import qwen3_5_35b_a3b
 from configs import seeds
 from configs import tiny_cpu
 from rl import sweep
@@ -133,3 +134,32 @@ def test_a_sweep_on_a_reporting_world_seed_stops_before_any_job_runs():
     c.envs.seed = seeds.DEV_SEEDS[-1]
   assert len(sweep.job_commands(c, [{"optim.lr": 0.1}], ["launch.py"])) == 1
   assert not set(seeds.DEV_SEEDS) & set(seeds.REPORTING_SEEDS)
+
+
+def _sweep_file(tmp_path, jobs: list) -> str:
+  path = tmp_path / "sweep_file.py"
+  path.write_text(f"def get_sweep(arg=None):\n  return {jobs!r}\n")
+  return str(path)
+
+
+def test_a_dry_run_shows_what_each_job_resolves_to_derived_values_included(tmp_path, capsys):
+  c = qwen3_5_35b_a3b.get_config()
+  spec = _sweep_file(tmp_path, [{"name": "short", "train.max_context": 4096},
+                                {"name": "shallow", "model.num_hidden_layers": 4}])
+  sweep.run_sweep(spec, c, "plan", ["launch.py", "--mode=plan"], dry_run=True)
+  out = capsys.readouterr().out
+  assert out.startswith("model: 40 layers")            # the sweep's own config first
+  assert ("resolves to: rollout.max_len=4096 (was 160000), train.max_context=4096 "
+          "(was 160000)") in out
+  assert "resolves to: model.num_hidden_layers=4 (was 40)" in out
+
+
+def test_two_jobs_that_resolve_to_the_same_config_stop_the_sweep_naming_them(tmp_path):
+  c = qwen3_5_35b_a3b.get_config()
+  # 40 layers is what the preset gives already: the job changes nothing.
+  spec = _sweep_file(tmp_path, [{"name": "default"},
+                                {"name": "deep", "model.num_hidden_layers": 40},
+                                {"name": "shallow", "model.num_hidden_layers": 4}])
+  with pytest.raises(SystemExit, match="jobs qwen3_5_35b_a3b-default and qwen3_5_35b_a3b-deep "
+                                       "resolve to the same config"):
+    sweep.run_sweep(spec, c, "plan", ["launch.py", "--mode=plan"], dry_run=True)
