@@ -36,12 +36,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import math
 import os
 import re
+import sys
 from typing import Any, Optional
 
 import jax
+from jax._src import xla_bridge  # the registry of topology factories: no public accessor
+from jax.experimental import topologies
 
 GiB = 1024 ** 3
 _GPU_TARGET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_targets")
@@ -125,7 +129,6 @@ def target_devices(target: str) -> list:
   setup-compile`); a missing one is an error that says so. Several processes may hold libtpu
   at once here (ALLOW_MULTIPLE_LIBTPU_LOAD): nothing runs on a device, so nothing is shared.
   """
-  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   t = parse_target(target)
   try:
     if t.spec.platform == "tpu":
@@ -151,9 +154,6 @@ def target_devices(target: str) -> list:
 
 def _load_cuda_plugin() -> None:
   """Registers the CUDA plugin from GPU_COMPILER_DIR (once; jax may have started already)."""
-  import importlib  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
   if xla_bridge._topology_factories.get("cuda"):  # pylint: disable=protected-access
     return
   if os.path.isdir(GPU_COMPILER_DIR) and GPU_COMPILER_DIR not in sys.path:
