@@ -8,7 +8,17 @@ MoE params (shapes with logical names):
   shared_expert_gate [embed]                  the shared expert is scaled by sigmoid(x . w)
 
 Routing is dropless: the (token, slot) pairs are sorted by expert and no token is ever dropped
-for capacity. `cfg.moe_dispatch` picks how the sorted rows meet the expert weights:
+for capacity.
+
+On a device mesh the tokens are routed where they live: `forward` splits them into the groups
+the mesh holds them in (one group per device of the batch and length axes: rows, and with
+context parallelism the parts of a row) and sorts and dispatches each group on its own device
+(`jax.vmap` with `spmd_axis_name`), so no sort or gather crosses devices and each device's
+matmuls are over its own tokens' rows: the compiled FLOPs are those of the tokens, not of the
+tokens times the devices. The expert weights are gathered whole for the layer (like FSDP's
+weights; their `expert_mlp` split stays), so tokens never move; the gradient of the gathered
+copy is reduced back to each device's experts. One group (no mesh, one device) is the plain
+computation. `cfg.moe_dispatch` picks how the sorted rows meet the expert weights:
   ragged_dot  each expert's rows are one group of `jax.lax.ragged_dot`. XLA:CPU expands it to
               every row against every expert, so its cost grows with the number of experts.
   blocked     each expert's rows start at a block boundary and are padded to whole blocks of
@@ -18,9 +28,14 @@ for capacity. `cfg.moe_dispatch` picks how the sorted rows meet the expert weigh
               those of the exact computation. Cost: rows <= n*k + min(E, n*k) * (block - 1).
   auto        per backend, `AUTO_DISPATCH`: `blocked` on cpu, gpu and tpu.
 """
+import math
+
 import jax
 import jax.numpy as jnp
+from flax import linen as nn
+from jax.sharding import PartitionSpec
 
+from models import sharding
 from models.config import ModelConfig
 from models.layers import common
 
@@ -245,15 +260,69 @@ def routed_experts(p, x, weights, experts, cfg: ModelConfig):
   return _ragged_dot_experts(p, x, weights, experts, cfg)
 
 
+def token_groups(shape) -> tuple[tuple, int, int]:
+  """How the tokens of an activation of `shape` [batch, seq, ...] are split under the current
+  mesh and logical rules: (mesh axes, groups of rows, groups of each row's positions), the
+  `batch` axes that divide the rows, then the `activation_length` axes that divide each row.
+  ((), 1, 1) without a mesh or where nothing is split."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return (), 1, 1
+  rules = sharding.rules_from_config(nn.get_logical_axis_rules())
+  spec = sharding.logical_to_spec(("batch", "activation_length"), rules, mesh, shape[:2])
+  names = lambda t: () if t is None else ((t,) if isinstance(t, str) else tuple(t))
+  size = lambda t: math.prod(mesh.shape[a] for a in names(t))
+  axes = tuple(a for t in spec for a in names(t) if mesh.shape[a] > 1)
+  return axes, size(spec[0]), size(spec[1])
+
+
+def _group_tokens(x, groups_b: int, groups_s: int):
+  """x [b, s, h] -> [groups_b * groups_s, tokens of a group, h], groups in mesh order."""
+  b, s, h = x.shape
+  x = x.reshape(groups_b, b // groups_b, groups_s, s // groups_s, h)
+  return jnp.swapaxes(x, 1, 2).reshape(groups_b * groups_s, -1, h)
+
+
+def _ungroup_tokens(y, b: int, s: int, groups_b: int, groups_s: int):
+  """Inverse of `_group_tokens` for y [groups, tokens of a group, ...]."""
+  rest = y.shape[2:]
+  y = y.reshape(groups_b, groups_s, b // groups_b, s // groups_s, *rest)
+  return jnp.swapaxes(y, 1, 2).reshape(b, s, *rest)
+
+
+def _routed_grouped(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, groups_s: int, b, s):
+  """Routing and routed experts of each token group on its own devices (module docstring)."""
+  h = flat.shape[-1]
+  xg = _group_tokens(flat.reshape(b, s, h), groups_b, groups_s)
+  xg = jax.lax.with_sharding_constraint(xg, PartitionSpec(axes, None, None))
+  # The layer's experts, whole on every device (the `expert_mlp` split stays).
+  experts_w = {k: common.constrain(p[k], (None, None, "expert_mlp") if k != "wo"
+                                   else (None, "expert_mlp", None))
+               for k in ("wi_gate", "wi_up", "wo")}
+
+  def one_group(x):
+    logits, weights, experts = route(p["router"], x, cfg)
+    return routed_experts(experts_w, x, weights, experts, cfg), logits
+
+  out, logits = jax.vmap(one_group, spmd_axis_name=axes)(xg)
+  return (_ungroup_tokens(out, b, s, groups_b, groups_s).reshape(b * s, h),
+          _ungroup_tokens(logits, b, s, groups_b, groups_s).reshape(b * s, -1))
+
+
 def forward(p, x, cfg: ModelConfig):
   """Sparse MoE over x [batch, seq, embed]. Returns (out, router logits [b*s, experts] f32)."""
   b, s, h = x.shape
   dt = cfg.jnp_dtype
   flat = x.reshape(b * s, h).astype(dt)
-  with jax.named_scope("route"):
-    logits, weights, experts = route(p["router"], flat, cfg)
-  with jax.named_scope("routed"):
-    out = routed_experts(p, flat, weights, experts, cfg)
+  axes, groups_b, groups_s = token_groups(x.shape)
+  if axes and resolve_dispatch(cfg.moe_dispatch) == "blocked":
+    with jax.named_scope("routed"):
+      out, logits = _routed_grouped(p, flat, cfg, axes, groups_b, groups_s, b, s)
+  else:
+    with jax.named_scope("route"):
+      logits, weights, experts = route(p["router"], flat, cfg)
+    with jax.named_scope("routed"):
+      out = routed_experts(p, flat, weights, experts, cfg)
   if cfg.shared_expert_intermediate_size:
     with jax.named_scope("shared"):
       shared = swiglu(p, flat, dt, prefix="shared_")
