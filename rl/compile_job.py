@@ -227,7 +227,13 @@ def run(config, target: str, programs=None) -> list[dict]:
     host = _host_devices(devices, t)
     if int(config.compile.engine_devices):
       host = host[:int(config.compile.engine_devices)]
-    lowered, facts = engine_programs(config, host, tuple(config.compile.engine_buckets))
+    try:
+      lowered, facts = engine_programs(config, host, tuple(config.compile.engine_buckets))
+    except (sharding.MeshError, ValueError) as e:
+      # An engine is one process's: its mesh must fit one host (rollout.mesh_shape).
+      rows.append({"program": "engine", "error": str(e)})
+      print(f"engine: not compiled: {e}", flush=True)
+      return rows
     what = (f"{facts['slots']} slots x {facts['max_len']} tokens on {facts['devices']} "
             f"device(s)")
     for name, low in lowered.items():
