@@ -57,6 +57,9 @@ from rl.rollout.engine import SamplingSettings
 VERSION_HEADER = "x-weights-version"
 MAX_CHOICES = 128  # n per request
 _SEED_MASK = 0xFFFF_FFFF_FFFF_FFFF
+# The error type of a request the server ends unanswered (or refuses) because it is stopping:
+# HTTP 503, or a stream's last event before [DONE].
+SHUTTING_DOWN = "server_shutting_down"
 
 
 class ApiError(Exception):
@@ -400,6 +403,8 @@ class OpenAIFront:
       self.server.driver.place_request_on_prefill_queue(active)
     except queue.Full:
       raise ApiError(503, "prefill queue full; retry", kind="server_overloaded") from None
+    except orchestrator.ServerStopping as e:
+      raise ApiError(503, str(e), kind=SHUTTING_DOWN) from None
     self.requests += 1
     if channels is not None:
       channels.append(channel)
@@ -421,6 +426,8 @@ class OpenAIFront:
           return
     except futures.CancelledError:
       raise _ClientGone() from None
+    except orchestrator.ServerStopping as e:  # the driver stopped: answered as an error
+      raise ApiError(503, str(e), kind=SHUTTING_DOWN) from None
     finally:
       if not out.finish:
         channel.cancel()  # abandoned (an error elsewhere, a disconnect): free the slot

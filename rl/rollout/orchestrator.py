@@ -17,8 +17,10 @@ What is extended, and why (JetStream 0.2.2 itself is used unchanged):
     harness expects) and max_tokens, names the finish reason, and frees the slot of a
     request whose client went away at the next step (JetStream's thread keeps decoding a
     cancelled request until max_tokens);
-  * `stop` waits on the threads between rounds of sentinels instead of JetStream's busy loop,
-    and gives up on threads still alive after a bound.
+  * `stop` first ends every request it had accepted with `ServerStopping` (the fronts answer
+    it as an error: gRPC UNAVAILABLE, HTTP 503) and refuses new ones, then stops the threads
+    without JetStream's busy loop (which, refilling the one-place queues with sentinels,
+    could keep a thread blocked on a full queue for minutes), within a bound.
 - `TitoOrchestrator(LLMOrchestrator)`: `Decode` validates the request before it reaches the
   driver (a bad prompt in JetStream's prefill thread kills the process), reads the extended
   fields (envs/harness/jetstream_protocol.py) and streams extended responses.
@@ -54,6 +56,10 @@ FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 
 
+class ServerStopping(RuntimeError):
+  """The server is stopping: a request it had accepted ends unanswered, a new one is refused."""
+
+
 @dataclasses.dataclass
 class TitoRequest(orchestrator.ActiveRequest):
   """JetStream's ActiveRequest plus what token-in/token-out needs."""
@@ -80,7 +86,25 @@ class TitoDriver(orchestrator.Driver):
     self.cancelled_requests = 0  # requests whose client went away before they finished
     self.slot_race_restarts = 0  # times the generate loop was re-entered after the race below
     self._busy: dict[int, int] = {}  # generate engine -> slots holding a live request
+    # Return channels of the requests accepted and not yet finished: `stop` ends each with an
+    # error. Requests are accepted and the set taken under the lock, so none slips in between.
+    self._open_lock = threading.Lock()
+    self._open: set = set()
     super().__init__(*args, **kwargs)
+
+  def place_request_on_prefill_queue(self, request: orchestrator.ActiveRequest) -> None:
+    """Queues `request` for prefill; raises ServerStopping once `stop` has begun (nothing
+    would answer it) and queue.Full as JetStream does."""
+    with self._open_lock:
+      if not self.live:
+        raise ServerStopping("the server is shutting down")
+      super().place_request_on_prefill_queue(request)
+      if request.return_channel is not None:
+        self._open.add(request.return_channel)
+
+  def _finished(self, channel) -> None:
+    with self._open_lock:
+      self._open.discard(channel)
 
   def _generate_thread(self, idx: int):
     """JetStream's generate loop, entered again after its slot-count race instead of dying.
@@ -111,30 +135,50 @@ class TitoDriver(orchestrator.Driver):
     return PrefillInput(engine.pad_prompt(ids), request.sampling, tuple(sorted(request.stop_ids)),
                         request.max_tokens), len(ids)
 
-  def stop(self, timeout_s: float = 60.0) -> None:
-    """Stops the driver's threads, as JetStream's `stop` does, without its busy loop.
+  def stop(self, timeout_s: float = 5.0) -> None:
+    """Ends every accepted request with ServerStopping, then stops the driver's threads.
 
-    JetStream's loop drains every backlog and puts a sentinel in each, again and again with no
-    pause, until every thread has exited: the stopping thread keeps taking back the sentinels
-    it just put and contends for the GIL and the queues' locks with the threads it waits for.
-    Here each round drains the queues (requests still queued lose their return channel), puts
-    one sentinel per queue, and then waits on the threads before the next round. Threads still
-    alive after `timeout_s` (daemon threads) are logged and left behind.
+    The requests first: each one queued or decoding gets the error at once (its front answers
+    it: gRPC UNAVAILABLE, an HTTP 503 or a stream's error event), and any request placed
+    from now on is refused, so no client waits on a server that is going away.
+
+    Then the threads, as JetStream's `stop` does but without its busy loop. A thread ends when
+    it sees `live` false at the top of its loop or takes a sentinel (None) from the queue it
+    reads; a thread blocked putting into a full queue ends once that queue has room. JetStream
+    drains every queue and puts a sentinel in each, again and again with no pause: the
+    transfer and generate queues hold one item (interleaved mode), so the sentinel it puts
+    fills the room it just made, and a prefill or transfer thread blocked on such a queue
+    whose reader has already gone never gets in (the serve process outlived its signal by
+    minutes under load). Here each round drains every queue (requests still queued lose their
+    return channel), puts a sentinel only where a thread still reads that queue, and waits
+    briefly on the threads. Threads still alive after `timeout_s` (daemon threads; one
+    inside a long device computation) are logged and left behind.
     """
-    self.live = False
-    backlogs = [self._prefill_backlog, *self._transfer_backlogs,
-                *self._generate_backlogs.values(), *self._detokenize_backlogs]
+    with self._open_lock:
+      self.live = False
+      channels, self._open = self._open, set()
+    for channel in channels:
+      try:
+        channel.set_exception(ServerStopping("the server is shutting down"))
+      except RuntimeError:  # its client's event loop is closed: nobody waits on it
+        pass
+    readers = [(self._prefill_backlog, self._prefill_threads)]
+    readers += [(q, [t]) for q, t in zip(self._transfer_backlogs, self._transfer_threads)]
+    readers += [(self._generate_backlogs[i], [t]) for i, t in enumerate(self._generate_threads)]
+    readers += [(q, [t]) for q, t in zip(self._detokenize_backlogs, self.detokenize_threads)]
     deadline = time.monotonic() + timeout_s
     alive = list(self._all_threads)
     while alive and time.monotonic() < deadline:
-      for q in backlogs:
+      for q, threads in readers:
         _cancel_queued(q)
-        try:
-          q.put_nowait(None)
-        except queue.Full:
-          pass
+        if any(t.is_alive() for t in threads):
+          try:
+            q.put_nowait(None)
+          except queue.Full:
+            pass
+      round_end = time.monotonic() + 0.05
       for t in alive:
-        t.join(0.1)
+        t.join(max(0.0, round_end - time.monotonic()))
       alive = [t for t in alive if t.is_alive()]
     if alive:
       logging.warning("driver stop: threads %s still running after %.0f s; left behind",
@@ -176,6 +220,7 @@ class TitoDriver(orchestrator.Driver):
         channel = request.return_channel
         if channel is None or channel.cancelled():
           self.cancelled_requests += 1
+          self._finished(channel)
           release(slot)
           continue
         token = int(result.data[slot, result.tokens_idx[0]])
@@ -191,6 +236,7 @@ class TitoDriver(orchestrator.Driver):
           request.sampled.append(token)
         if finish:
           channel.close()
+          self._finished(channel)
           # The slot's state now holds the whole conversation so far (frozen on the device
           # once the request finished); kept before the slot is freed for another request.
           if engine.keeps_turns and len(request.stop_ids) <= MAX_STOP_IDS:
@@ -304,13 +350,16 @@ class TitoOrchestrator(orchestrator.LLMOrchestrator):
       context.add_done_callback(active.return_channel.cancel)
     try:
       self._driver.place_request_on_prefill_queue(active)
+      async for chunk in active.return_channel:
+        yield self._response([chunk], text=not active.is_client_side_tokenization)
     except queue.Full:
       if context is None:
         raise
       await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "prefill queue full; retry")
-      return
-    async for chunk in active.return_channel:
-      yield self._response([chunk], text=not active.is_client_side_tokenization)
+    except ServerStopping as e:   # refused, or ended unanswered, as the server stops
+      if context is None:
+        raise
+      await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
 
 
 class RolloutServer:
@@ -386,6 +435,9 @@ class RolloutServer:
       self.stop()   # which also ends the server's own wait
 
   def stop(self) -> None:
+    """Stops serving within seconds: the driver first (every request accepted over gRPC or the
+    HTTP front ends with an error, and new ones are refused; TitoDriver.stop), then the gRPC
+    server, whose RPCs have by then ended (any other gets 1 s)."""
     if self._stopped:
       return
     self._stopped = True

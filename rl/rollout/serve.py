@@ -7,7 +7,16 @@ Orchestrator gRPC service (token and text requests) until interrupted. With
 (rl/rollout/published_weights.py), version -1 (the random init) until the first arrives.
 With `--http_port=P` it also serves an OpenAI-compatible HTTP API on P (rl/rollout/openai_http.py,
 docs/openai_endpoint.md), on the same engine slots.
+
+Ctrl-C or SIGTERM stops it within seconds, under load too: every request accepted and not yet
+answered ends with an error (gRPC UNAVAILABLE; HTTP 503, or a stream's error event then
+[DONE]), then both fronts close, and the process exits with code 0. A second signal while it
+stops ends the process at once.
 """
+import contextlib
+import signal
+import threading
+import time
 from typing import Optional
 
 from rl.rollout import capacity
@@ -37,6 +46,38 @@ def start_http(server, config, port: int):
   return openai_http.OpenAIFront(server, config, port=port).start()
 
 
+@contextlib.contextmanager
+def _signals_stop_serving():
+  """Within: SIGINT and SIGTERM raise KeyboardInterrupt in the main thread (the serve loop's
+  stop), and after the first either signal takes its default action (a second Ctrl-C or
+  SIGTERM ends a stop that hangs). A signal the process was started with ignored stays
+  ignored (`nohup`, a background job without job control). Yields a list that receives the
+  (signal name, monotonic time) of the first. Off the main thread (signals cannot be set
+  there), nothing changes."""
+  got = []
+  if threading.current_thread() is not threading.main_thread():
+    yield got
+    return
+  wanted = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+  before = {s: signal.getsignal(s) for s in wanted}
+
+  def stop(signum, frame):
+    del frame
+    got.append((signal.Signals(signum).name, time.monotonic()))
+    for s in ours:
+      signal.signal(s, signal.SIG_DFL)
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+  ours = [s for s, default in wanted.items() if before[s] is default]
+  for s in ours:
+    signal.signal(s, stop)
+  try:
+    yield got
+  finally:
+    for s in ours:
+      signal.signal(s, before[s])
+
+
 def main(config, flags=None):
   port = getattr(flags, "port", None) if flags is not None else None
   http_port = getattr(flags, "http_port", None) if flags is not None else None
@@ -58,13 +99,18 @@ def main(config, flags=None):
         + (f"; weights from {watcher.weights_dir}" if watcher else "")
         + (f"; OpenAI-compatible HTTP on port {front.port} ({front.url}, model "
            f"{front.model_name!r})" if front else ""), flush=True)
-  try:
-    server.wait_for_termination()
-  except KeyboardInterrupt:
-    pass
-  finally:
-    if watcher is not None:
-      watcher.stop()
-    if front is not None:
-      front.stop()
-    server.stop()
+  with _signals_stop_serving() as got:
+    try:
+      server.wait_for_termination()
+    except KeyboardInterrupt:
+      pass
+    finally:
+      # The server first: it ends every open request with an error (HTTP's included), so the
+      # front then closes connections that are all answered.
+      server.stop()
+      if front is not None:
+        front.stop()
+      if watcher is not None:
+        watcher.stop()
+    if got:
+      print(f"stopped {time.monotonic() - got[0][1]:.2f} s after {got[0][0]}", flush=True)

@@ -22,6 +22,7 @@ import time
 import urllib.error
 import urllib.request
 
+import grpc as grpc_lib  # `grpc` is the module's TokenClient fixture
 import openai
 import pytest
 
@@ -333,15 +334,99 @@ _AS_FROM_A_TERMINAL = ("import runpy, signal, sys; "
                        "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
 
 
-def test_launch_serves_http_beside_grpc(tmp_path):
-  """`launch.py --mode=serve --http_port=0` (random init, tiny shapes): both fronts answer."""
+_STREAMS_HTTP, _STREAMS_GRPC = 28, 4   # 32 streams open when the signal arrives
+
+
+class _Progress:
+  """Counts, across client threads, the streams the server accepted and those decoding."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self.accepted = self.decoding = 0
+
+  def add(self, what: str) -> None:
+    with self._lock:
+      setattr(self, what, getattr(self, what) + 1)
+
+
+def _http_stream(port, model, max_tokens, progress):
+  """One streamed completion read to its end: ("complete", finish) after a finish reason and
+  [DONE]; ("error", error) after an error event and [DONE]; ("cut", why) for anything else (the
+  stream broke, ended without either, or stalled 30 s)."""
+  conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+  try:
+    conn.request("POST", "/v1/completions", json.dumps({
+        "model": model, "prompt": [5, 6, 7], "max_tokens": max_tokens, "temperature": 1.0,
+        "ignore_eos": True, "stream": True}), {"content-type": "application/json"})
+    r = conn.getresponse()
+    if r.status != 200:
+      return "cut", f"status {r.status}: {r.read()[:200]!r}"
+    progress.add("accepted")  # the front queues the request as it starts the body
+    finish, error, tokens = None, None, 0
+    for line in r:
+      if line.strip() == b"data: [DONE]":
+        return ("error", error) if error else ("complete", finish) if finish else (
+            "cut", f"[DONE] after {tokens} tokens without a finish reason or an error")
+      if not line.startswith(b"data: "):
+        continue
+      event = json.loads(line[6:])
+      if "error" in event:
+        error = event["error"]["type"]
+        continue
+      tokens += 1
+      if tokens == 1:
+        progress.add("decoding")
+      finish = event["choices"][0]["finish_reason"] or finish
+    return "cut", f"the body ended after {tokens} tokens without [DONE]"
+  except (OSError, http.client.HTTPException) as e:
+    return "cut", repr(e)
+  finally:
+    conn.close()
+
+
+def _grpc_stream(address, max_tokens, progress):
+  """One gRPC Decode stream read to its end: ("complete", finish), ("error", status code name)
+  or ("cut", why) when it ended without a finish reason."""
+  client = TokenClient(address)
+  tokens, finish = 0, ""
+  try:
+    for resp in client.stream([5, 6, 7], SamplingParams(1.0), max_tokens, [], timeout_s=30):
+      for s in resp.stream_content.samples:
+        tokens += 1
+        if tokens == 1:
+          progress.add("accepted")
+          progress.add("decoding")
+        finish = s.finish_reason or finish
+  except grpc_lib.RpcError as e:
+    return "error", e.code().name
+  finally:
+    client.close()
+  return ("complete", finish) if finish else ("cut", f"{tokens} tokens, no finish reason")
+
+
+def _wait_until(what, deadline):
+  while not what():
+    assert time.monotonic() < deadline, "timed out"
+    time.sleep(0.02)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_launch_serves_both_fronts_and_a_signal_stops_it_within_10s_with_32_streams_open(
+    tmp_path, sig):
+  """`launch.py --mode=serve --http_port=0` (random init, tiny shapes): both fronts answer the
+  same ids; then, with 32 streams open (4 gRPC, 28 HTTP; 8 decoding in the slots, the rest
+  queued), Ctrl-C (SIGINT, delivered to a worker thread) or SIGTERM ends the process with code 0
+  within 10 s, and every stream got either its whole answer or an error saying the server stops
+  (an error event then [DONE] over HTTP, UNAVAILABLE over gRPC): none cut off or left hanging."""
+  slots, max_len = 8, 1024
   cmd = [sys.executable, "-c", _AS_FROM_A_TERMINAL, "launch.py", "--mode=serve",
          "--config=configs/tiny_cpu.py", "--port=0",
-         "--http_port=0", "--config.rollout.warmup=False", "--config.rollout.max_len=64",
+         "--http_port=0", "--config.rollout.warmup=False", f"--config.rollout.max_len={max_len}",
          "--config.rollout.prefill_buckets=(16,)", "--config.rollout.prefix_cache=False",
-         "--config.rollout.slots=2", "--config.train.max_context=64",
+         f"--config.rollout.slots={slots}", f"--config.train.max_context={max_len}",
          f"--config.workdir={tmp_path}"]
   p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  pool = concurrent.futures.ThreadPoolExecutor(_STREAMS_HTTP + _STREAMS_GRPC)
   try:
     line = ""
     deadline = time.monotonic() + 300  # imports and compile; minutes on a loaded 2-core machine
@@ -349,30 +434,78 @@ def test_launch_serves_http_beside_grpc(tmp_path):
       line = p.stdout.readline()
       assert line or p.poll() is None, "launch.py exited before serving"
       assert time.monotonic() < deadline
-    grpc_port = int(re.search(r"serving on localhost:(\d+)", line).group(1))
+    grpc_address = "127.0.0.1:" + re.search(r"serving on localhost:(\d+)", line).group(1)
     http_url = re.search(r"\((http://localhost:\d+/v1),", line).group(1)
+    http_port = int(http_url.split(":")[2].split("/")[0])
     api = openai.OpenAI(base_url=http_url, api_key="unused", max_retries=0, timeout=120)
     r = api.completions.create(model="tiny_cpu", prompt=[5, 6, 7], max_tokens=4, temperature=0,
                                extra_body={"return_token_ids": True, "ignore_eos": True})
-    g = TokenClient(f"localhost:{grpc_port}").generate([5, 6, 7], SamplingParams(0.0), 4, [])
+    g = TokenClient(grpc_address).generate([5, 6, 7], SamplingParams(0.0), 4, [])
     assert r.choices[0].token_ids == g.ids and r.weights_version == 0
-    # Ctrl-C, delivered to a worker thread: both fronts stop, the process exits cleanly (about
-    # 1 s here). The output is drained meanwhile. A shutdown past the bound is aborted, and the
-    # process's thread stacks (absl's faulthandler prints them on SIGABRT) are the failure.
+    # The output is drained from here on (a full pipe would block the server's prints).
     out = []
     drain = threading.Thread(target=lambda: out.append(p.stdout.read()), daemon=True)
     drain.start()
-    _sigint_to_a_worker_thread(p)
+    # Under load: every slot decoding a long answer (max_tokens fills the slot), the other
+    # streams queued behind them. The gRPC streams go first and hold slots before HTTP's come.
+    progress, budget = _Progress(), max_len - 3
+    streams = [pool.submit(_grpc_stream, grpc_address, budget, progress)
+               for _ in range(_STREAMS_GRPC)]
+    deadline = time.monotonic() + 120
+    _wait_until(lambda: progress.decoding == _STREAMS_GRPC, deadline)
+    streams += [pool.submit(_http_stream, http_port, "tiny_cpu", budget, progress)
+                for _ in range(_STREAMS_HTTP)]
+    _wait_until(lambda: progress.accepted == len(streams) and progress.decoding >= slots,
+                deadline)
+    assert not any(s.done() for s in streams), [s.result() for s in streams if s.done()]
+    # The signal; a shutdown past the bound is aborted, and the process's thread stacks
+    # (absl's faulthandler prints them on SIGABRT) are the failure.
+    t0 = time.monotonic()
+    if sig == signal.SIGINT:
+      _sigint_to_a_worker_thread(p)
+    else:
+      p.send_signal(sig)
     try:
-      code = p.wait(240)
+      code = p.wait(10)
     except subprocess.TimeoutExpired:
       p.send_signal(signal.SIGABRT)
       p.wait(30)
       drain.join(10)
-      pytest.fail("launch.py --mode=serve still running 240 s after Ctrl-C:\n"
-                  + "".join(out)[-6000:])
-    assert code == 0
+      pytest.fail(f"launch.py --mode=serve still running 10 s after {sig.name} with 32 streams "
+                  "open:\n" + "".join(out)[-6000:])
+    stop_s = time.monotonic() - t0
+    drain.join(10)
+    print(f"{sig.name}: stopped in {stop_s:.2f} s with {len(streams)} streams open")
+    assert code == 0, "".join(out)[-3000:]
+    outcomes = [s.result(timeout=30) for s in streams]
+    bad = [o for o in outcomes if o[0] == "cut"
+           or o[0] == "error" and o[1] not in ("UNAVAILABLE", openai_http.SHUTTING_DOWN)]
+    assert not bad, f"{len(bad)} of {len(outcomes)} streams: {bad[:4]}"
+    assert sum(o[0] == "error" for o in outcomes) >= len(streams) - slots  # queued: no answer
   finally:
     if p.poll() is None:
       p.kill()
       p.wait()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+def test_serve_signals_stop_it_once_then_act_as_default_and_an_ignored_one_stays_ignored():
+  """serve's signal handling, in this process: SIGTERM raises KeyboardInterrupt (the serve
+  loop's stop) and is recorded; from then on it has its default action again, so a second
+  signal ends a stop that hangs; SIGINT, ignored when entering (a background job), stays
+  ignored; on leaving, the handlers are as before."""
+  before_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  try:
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # else the kill below is not ours
+    with serve._signals_stop_serving() as got:  # pylint: disable=protected-access
+      assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+      assert callable(signal.getsignal(signal.SIGTERM))
+      with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)  # the handler runs at the next bytecode, long before this ends
+      assert [name for name, _ in got] == ["SIGTERM"]
+      assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+  finally:
+    signal.signal(signal.SIGINT, before_int)
