@@ -41,6 +41,7 @@ from models import sharding
 from models import xla_flags
 from rl import sft
 from rl import train_step
+from rl.rollout import capacity
 
 GiB = aot.GiB
 
@@ -120,8 +121,14 @@ def engine_programs(config, devices, buckets) -> tuple[dict, dict]:
   eng = engine_lib.QwenEngine.from_config(config, devices=devices)
   lowered = eng.lower_programs(buckets or (max(eng.buckets),))
   mesh = eng.mesh if eng._mesh is not None else None  # pylint: disable=protected-access
-  facts = {"slots": eng.slots, "max_len": eng.max_len,
-           "devices": int(mesh.devices.size) if mesh is not None else 1}
+  n_dev = int(mesh.devices.size) if mesh is not None else 1
+  # The capacity planner's view of the same engine (rl/rollout/capacity.py): weights and every
+  # slot's decode state at max_len, spread over the engine's devices. The compiled generate
+  # step holds exactly these as its arguments; the planner sees no activations.
+  p = capacity.plan_from_config(config, len(devices))
+  planned = (p.weight_bytes + eng.slots * p.bytes_per_seq) / n_dev
+  facts = {"slots": eng.slots, "max_len": eng.max_len, "devices": n_dev,
+           "planner_bytes_per_device": int(planned), "planner_slots": p.per_engine}
   return lowered, facts
 
 
@@ -238,6 +245,12 @@ def run(config, target: str, programs=None) -> list[dict]:
             f"device(s)")
     for name, low in lowered.items():
       add(f"engine/{name}", low, None, what, facts["devices"], **facts)
+    gen = rows[-1]
+    if "memory" in gen:
+      print(f"  capacity planner: {_gib(facts['planner_bytes_per_device'])} GiB a device of "
+            f"weights and decode state for {facts['slots']} slots (room for "
+            f"{facts['planner_slots']}); the compiled generate step's arguments: "
+            f"{_gib(gen['memory']['argument'])} GiB", flush=True)
   return rows
 
 
