@@ -27,7 +27,6 @@ run's shardings. TPU needs `libtpu`, GPU the CUDA plugin: `make setup-compile`.
 from __future__ import annotations
 
 import json
-import math
 import time
 from typing import Any, Optional
 
@@ -38,7 +37,7 @@ import optax
 from models import aot
 from models import qwen3_5
 from models import sharding
-from models import xla_flags
+from rl import plan
 from rl import sft
 from rl import train_step
 from rl.rollout import capacity
@@ -196,7 +195,7 @@ def format_row(row: dict, spec: aot.DeviceSpec) -> str:
   return "\n".join(lines)
 
 
-def _host_devices(devices: list, target: aot.Target) -> list:
+def _host_devices(devices: list) -> list:
   """The devices of the first host (process 0): a per-process engine's devices."""
   first = [d for d in devices if getattr(d, "process_index", 0) == getattr(devices[0], "process_index", 0)]
   return first or devices[:1]
@@ -225,13 +224,24 @@ def run(config, target: str, programs=None) -> list[dict]:
         f"mesh {sharding.describe(mesh)}", flush=True)
   if "rl_step" in programs:
     lowered, flops, what = rl_step_program(config, mesh, seq)
-    add("rl_step", lowered, flops, what, len(devices))
+    # --mode=plan's analytic bytes for the same step (rl/plan.py), beside the compiler's.
+    p = plan.memory_plan(config, len(devices), [seq])
+    parts = {"params": p["params"], "grads": p["grads"], "opt": p["opt"],
+             "ref_params": p["ref_params"], "activations": p["activations"][0][1]["total"]}
+    add("rl_step", lowered, flops, what, len(devices), plan_bytes=int(sum(parts.values())),
+        plan_parts={k: int(v) for k, v in parts.items()})
+    row = rows[-1]
+    if "memory" in row:
+      print(f"  --mode=plan says {_gib(row['plan_bytes'])} GiB a device (params "
+            f"{_gib(parts['params'])}, gradients {_gib(parts['grads'])}, optimizer "
+            f"{_gib(parts['opt'])}, activations {_gib(parts['activations'])}): compiled / plan = "
+            f"{row['memory']['total'] / row['plan_bytes']:.2f}", flush=True)
   if "sft_step" in programs and int(config.sft.steps) > 0:
     sft_len = int(config.sft.pad_multiple) or seq
     lowered, flops, what = sft_step_program(config, mesh, sft_len)
     add("sft_step", lowered, flops, what, len(devices))
   if "engine" in programs:
-    host = _host_devices(devices, t)
+    host = _host_devices(devices)
     if int(config.compile.engine_devices):
       host = host[:int(config.compile.engine_devices)]
     try:

@@ -108,5 +108,7 @@ def test_launch_compile_mode_prints_a_report_and_a_json_last_line():
   last = json.loads(out.stdout.strip().splitlines()[-1])
   assert last["target"] == "h200:1x2" and last["programs"][0]["program"] == "rl_step"
   assert "memory/device:" in out.stdout and "of 141.0" in out.stdout
+  # The plan's analytic bytes for the same step, beside the compiler's.
+  assert "--mode=plan says" in out.stdout and last["programs"][0]["plan_bytes"] > 0
   bad = subprocess.run(cmd[:3], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert bad.returncode != 0 and "needs a target" in bad.stderr
