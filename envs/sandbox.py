@@ -8,23 +8,46 @@ it and nothing of the machine it runs on:
                ends; a run that is stopped (time, processes) leaves the world as it was.
   /tmp         private tmpfs (envs.sandbox.tmp_mb)
   /bin /usr /lib*   the host's system files, read-only (a shell, coreutils, grep, sed, awk)
-  <python prefix>   the interpreter and its standard library, read-only; its site-packages
-                    hidden
+  /opt/python3 the interpreter's prefix (its own path when that is under /usr): the interpreter
+               and its standard library, read-only; its site-packages hidden
   /opt/python  the document libraries only (openpyxl, pypdf, python-docx, python-pptx and what
                they import), read-only; /opt/bin/python3 is the interpreter
-  /dev         null, zero, random, urandom;  /proc  a fresh one of the run's own pid namespace
+  /dev         null, zero, random, urandom;  /proc  a fresh one of the code's own pid namespace
 
 and no project source, no other world, no task or rubric data, no home directory, no host
-process, no parent environment, no network. Everything else of the root is read-only.
+process, no parent environment, no network. Everything else of the root is read-only. No host
+path of the project, its virtualenv or the run's temporary folders shows either: not in
+/proc/self/mountinfo or /proc/mounts, nor in the interpreter's paths, the process's command
+line, maps, executable or environment, nor in the document libraries' bytecode ("Host paths"
+below).
 
 One run = one process tree:
   parent (this module) -- Popen, own session (killpg-able), rlimits set before exec
     unshare --user --map-root-user --net --mount --pid --fork --kill-child
-      boot (pid 1 of the namespaces, `_BOOT`): builds the root on a tmpfs with read-only bind
-      mounts, copies the world's files in, makes itself undumpable, forks
-        worker: its own mount namespace, pivot_root into the new root (the old one detached),
-        no_new_privs, every capability dropped; then runs the code (Python) or /bin/sh -c
+      boot (pid 1 of the namespaces, `_BOOT`): builds the root on a tmpfs with read-only
+      mounts, copies the world's files in, makes itself undumpable, forks into a new pid
+      namespace
+        init (pid 1 of that one): its own mount namespace with a fresh /proc of its pid
+        namespace, pivot_root into the new root (the old one detached), no_new_privs, every
+        capability dropped; then execs `/bin/sh -c '"$@"; exit $?'`, which runs
+          worker: `python3 -s -` reading the code from a pipe, or `/bin/sh -c <command>`
       boot copies /workspace back into the world's files and exits with the worker's status.
+
+Host paths. Boot lives on the host side (its command line, mount table and environment name
+host folders), so the code runs in a pid namespace where boot is not, with a /proc of that
+namespace only, as a fresh interpreter exec'd from the new root (a fork of boot would carry
+boot's command line, sys.executable and modules). A bind mount shows its source's path in
+/proc/self/mountinfo (the 4th field, the path inside the source's filesystem) whatever its
+mount point, so a staging path would not hide it: the interpreter's prefix and the document
+libraries are read-only overlay mounts instead, whose root is "/" and whose options name their
+layers as /proc/self/fd/N (the descriptors boot had open while mounting). The interpreter's
+prefix appears at /opt/python3 (libpython found through LD_LIBRARY_PATH, its runpath being the
+host prefix). An installed library's bytecode embeds the host path it was compiled at, so an
+overlay layer of bytecode compiled under /opt/python/<name> (once per user and machine,
+`_bytecode_layers`) covers it. Where the kernel makes no overlay in a user namespace (before
+5.11) the mounts fall back to binds, which show their host sources. What remains: the
+interpreter's own files name its install prefix (runpath, sysconfig data, standard-library
+bytecode), and /usr and /lib* are the host's system folders at their own paths.
 
 Why our own namespaces rather than bubblewrap: `unshare` is in util-linux on every Linux
 machine the project runs on, the mechanism is the same user+mount+pid+net namespaces bubblewrap
@@ -48,10 +71,12 @@ so (`isolation()`, and a warning on the first run).
 """
 import dataclasses
 import functools
+import hashlib
 import importlib.util
 import json
 import os
 import platform
+import py_compile
 import re
 import resource
 import shutil
@@ -97,6 +122,24 @@ def bind_ro(src, dst):
     keep |= flag if st & bit else 0
   mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | keep)
 
+def overlay_ro(layers, dst):
+  # A read-only overlay of host folders `layers` (the first on top) at dst: its root in
+  # mountinfo is "/", and its options name the layers by descriptor, not by host path. An
+  # overlay without an upper layer takes two layers or more: the last is the root's /proc,
+  # empty (the code's own procfs is mounted over it later). Without overlays in a user
+  # namespace (kernels before 5.11) the bottom layer is bound instead, showing its path.
+  os.makedirs(dst, exist_ok=True)
+  fds = [os.open(p, os.O_RDONLY | os.O_DIRECTORY) for p in layers + [root + "/proc"]]
+  try:
+    data = "lowerdir=" + ":".join("/proc/self/fd/%d" % fd for fd in fds)
+    ok = libc.mount(b"overlay", dst.encode(), b"overlay", MS_RDONLY | MS_NOSUID | MS_NODEV,
+                    data.encode()) == 0
+  finally:
+    for fd in fds:
+      os.close(fd)
+  if not ok:
+    bind_ro(layers[-1], dst)
+
 def copy_in(src, dst):
   for name in os.listdir(src):
     s, d = os.path.join(src, name), os.path.join(dst, name)
@@ -140,20 +183,31 @@ def copy_back(src, dst):
 
 def build_root(root):
   mount(None, "/", None, MS_REC | MS_PRIVATE)
-  mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+  mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=755")
+  os.makedirs(root + "/proc")  # empty: overlay_ro's bottom layer, and the code's procfs later
   for top in layout["system"]:
     if os.path.islink(top):
       os.symlink(os.readlink(top), root + top)
     elif os.path.isdir(top):
       bind_ro(top, root + top)
-  for path in layout["python"]:
-    if not os.path.exists(root + path) or os.path.realpath(path) != path:
-      bind_ro(path, root + path)
+  for src, dst in layout["python"]:
+    if src != dst:
+      overlay_ro([src], root + dst)
+    elif not os.path.exists(root + dst):
+      bind_ro(src, root + dst)
   for path in layout["hide"]:
     if os.path.isdir(root + path):
       mount("tmpfs", root + path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k")
+  os.makedirs(root + "/opt/python/__pycache__")
   for name, path in layout["libs"].items():
-    bind_ro(path, root + "/opt/python/" + name)
+    bytecode = layout["bytecode"].get(name)
+    if os.path.isdir(path):
+      overlay_ro(([bytecode] if bytecode else []) + [path], root + "/opt/python/" + name)
+    else:  # a one-file module: copied, with its bytecode
+      shutil.copy2(path, root + "/opt/python/" + name)
+      if bytecode:
+        for pyc in os.listdir(bytecode):
+          shutil.copy2(os.path.join(bytecode, pyc), root + "/opt/python/__pycache__/" + pyc)
   os.makedirs(root + "/opt/bin")
   for name in ("python3", "python"):
     os.symlink(layout["interpreter"], root + "/opt/bin/" + name)
@@ -164,8 +218,6 @@ def build_root(root):
   for i, name in enumerate(("stdin", "stdout", "stderr")):
     os.symlink("/proc/self/fd/%d" % i, root + "/dev/" + name)
   os.symlink("/proc/self/fd", root + "/dev/fd")
-  os.makedirs(root + "/proc")
-  mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
   for path, mb, mode in (("/tmp", layout["tmp_mb"], "1777"),
                          ("/workspace", layout["workspace_mb"], "755")):
     os.makedirs(root + path)
@@ -178,10 +230,13 @@ def build_root(root):
   mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 def enter_root(root):
-  # Own mount namespace, so that boot keeps the host's view to copy the workspace back.
+  # Own mount namespace, so that boot keeps the host's view to copy the workspace back. The
+  # procfs is of this process's pid namespace (boot is not in it), mounted while the host's
+  # /proc is still in the namespace (a user namespace mounts a procfs only where one is seen).
   if libc.unshare(0x00020000) != 0:
     fail("unshare(mount)")
   mount(None, "/", None, MS_REC | MS_PRIVATE)
+  mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
   os.chdir(root)
   if libc.syscall(layout["pivot_root_nr"], b".", b".") != 0:
     fail("pivot_root")
@@ -228,24 +283,43 @@ if confined:
   build_root(root)
   env = {"PATH": "/opt/bin:/usr/local/bin:/usr/bin:/bin", "HOME": "/workspace", "TMPDIR": "/tmp",
          "LANG": "C.UTF-8", "PYTHONPATH": "/opt/python", "PYTHONDONTWRITEBYTECODE": "1"}
+  if layout["library_path"]:
+    env["LD_LIBRARY_PATH"] = layout["library_path"]
+  libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no other process reads boot's memory
+  # The code in a pid namespace of its own: boot is not in it. Its pid 1 is a shell that waits
+  # for the worker (signals and orphans behave as usual for the code); the code reaches a
+  # Python worker through a pipe (no size limit, no trace in a command line).
+  if libc.unshare(0x20000000) != 0:  # CLONE_NEWPID: boot's next child is its pid 1
+    fail("unshare(pid)")
+  r, w = os.pipe()
+  pid = os.fork()
+  if pid == 0:
+    os.close(w)
+    os.dup2(r, 0)
+    os.close(r)
+    enter_root(root)
+    worker = ["python3", "-s", "-"] if kind == "python" else ["sh", "-c", code]
+    os.execve("/bin/sh", ["sh", "-c", '"$@"; exit $?', "sh"] + worker, env)
+  os.close(r)
+  try:
+    with open(w, "wb") as pipe:
+      if kind == "python":
+        pipe.write(code.encode())
+  except BrokenPipeError:  # the worker ended before reading it all
+    pass
 else:
   os.chdir(files)
   env = {"PATH": "/usr/bin:/bin", "HOME": files, "TMPDIR": files, "LANG": "C.UTF-8",
          "PYTHONDONTWRITEBYTECODE": "1"}
-libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: the worker cannot reach boot's /proc entries
-pid = os.fork()
+  # Unconfined: a fork of this process runs the code, under an audit hook.
+  libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no other process reads boot's memory
+  pid = os.fork()
 if pid == 0:
-  if confined:
-    enter_root(root)
   os.environ.clear()
   os.environ.update(env)
   if kind == "shell":
     os.execve("/bin/sh", ["sh", "-c", code], env)
-  if confined:
-    sys.path[:] = layout["sys_path"] + ["/opt/python"]
-    sys.path_importer_cache.clear()
-  else:
-    audit_outside_writes()
+  audit_outside_writes()
   g = {"__name__": "__main__", "__builtins__": __builtins__}
   try:
     exec(compile(code, "<code>", "exec"), g)
@@ -280,6 +354,8 @@ _PIVOT_ROOT_NR = {"x86_64": 155, "aarch64": 41, "arm64": 41, "ppc64le": 203, "s3
 _DOCUMENT_LIBRARIES = ("openpyxl", "et_xmlfile", "pypdf", "docx", "pptx", "lxml", "PIL",
                        "xlsxwriter", "typing_extensions")
 _SYSTEM = ("/bin", "/sbin", "/usr", "/lib", "/lib32", "/lib64", "/libx32")
+# Where the interpreter's prefix appears in the root when it is not under a system folder.
+_PYTHON_ROOT = "/opt/python3"
 
 
 @dataclasses.dataclass
@@ -302,14 +378,23 @@ class SandboxResult:
     return "\n".join(out)
 
 
+def _under(path: str, top: str) -> bool:
+  return path == top or path.startswith(top.rstrip("/") + "/")
+
+
 @functools.lru_cache(maxsize=None)
 def _layout() -> dict:
   """What the confined root is made of on this machine (see the module docstring)."""
   base = os.path.realpath(sys.base_prefix)
   interpreter = os.path.realpath(sys.executable)
-  python = [base] + ([interpreter] if not interpreter.startswith(base + os.sep) else [])
-  sys_path = [p for p in sys.path if p and os.path.realpath(p).startswith(base + os.sep)
-              and not p.endswith(("site-packages", "dist-packages"))]
+  on_system = lambda p: any(_under(p, top) for top in _SYSTEM)  # noqa: E731
+
+  def inside(p):  # a host path of the interpreter's files -> its path in the root
+    return _PYTHON_ROOT + p[len(base):] if not on_system(base) and _under(p, base) else p
+
+  python = [] if on_system(base) else [[base, _PYTHON_ROOT]]
+  if not on_system(interpreter) and not _under(interpreter, base):
+    python.append([interpreter, interpreter])  # outside its prefix: bound where it is
   hide = []
   for top in (base, "/usr", "/usr/local"):
     for lib in ("lib", "lib64"):
@@ -319,7 +404,7 @@ def _layout() -> dict:
           if name.startswith("python"):
             for sub in ("site-packages", "dist-packages"):
               if os.path.isdir(os.path.join(d, name, sub)):
-                hide.append(os.path.realpath(os.path.join(d, name, sub)))
+                hide.append(inside(os.path.realpath(os.path.join(d, name, sub))))
   libs = {}
   for name in _DOCUMENT_LIBRARIES:
     spec = importlib.util.find_spec(name)
@@ -332,9 +417,63 @@ def _layout() -> dict:
       vendored = os.path.join(os.path.dirname(path), dist + ".libs")
       if dist and os.path.isdir(vendored):
         libs[dist + ".libs"] = vendored
+  relocated = bool(python) and python[0][1] == _PYTHON_ROOT
   return dict(system=[p for p in _SYSTEM if os.path.lexists(p)], python=python,
-              hide=sorted(set(hide)), libs=libs, interpreter=interpreter, sys_path=sys_path,
+              hide=sorted(set(hide)), libs=libs, bytecode=_bytecode_layers(libs),
+              interpreter=inside(interpreter),
+              library_path=_PYTHON_ROOT + "/lib" if relocated else "",
               pivot_root_nr=_PIVOT_ROOT_NR.get(platform.machine(), -1))
+
+
+def _ours(path: str) -> bool:
+  """Whether `path` is a folder (not a link) of this user that no one else may write to."""
+  if os.path.islink(path) or not os.path.isdir(path):
+    return False
+  st = os.lstat(path)
+  return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def _bytecode_layers(libs: dict) -> dict:
+  """{library name: a host folder of its bytecode compiled as at /opt/python/<name>}.
+
+  An installed library's __pycache__ files embed the path they were compiled at (for the
+  project's virtualenv, the project's path); laid over the library, these take their place,
+  and tell the code nothing of the host. Made once per user, machine and library versions
+  (under the temp folder; a stale file is only slower: Python checks each against its
+  source). A folder of that name that is not this user's alone is not used."""
+  tag = sys.implementation.cache_tag
+  if tag is None:
+    return {}
+  stamp = [sys.version] + sorted([n, p, os.stat(p).st_mtime_ns] for n, p in libs.items())
+  key = hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:16]
+  top = os.path.join(tempfile.gettempdir(), f"sandbox-bytecode-{os.getuid()}-{key}")
+  if not _ours(top):
+    staging = tempfile.mkdtemp(prefix=".sandbox-bytecode-", dir=tempfile.gettempdir())
+    for name, path in libs.items():
+      layer = os.path.join(staging, name)
+      os.makedirs(layer)
+      sources = [("", path)] if not os.path.isdir(path) else [
+          (os.path.relpath(os.path.join(d, f), path), os.path.join(d, f))
+          for d, _, fs in os.walk(path) for f in fs if f.endswith(".py")]
+      for rel, src in sources:
+        # A one-file module's bytecode sits in /opt/python/__pycache__ (the layer's top).
+        where = os.path.join(layer, os.path.dirname(rel), "__pycache__") if rel else layer
+        stem = os.path.basename(rel or src)[:-3]
+        try:
+          py_compile.compile(src, cfile=os.path.join(where, f"{stem}.{tag}.pyc"),
+                             dfile="/opt/python/" + (os.path.join(name, rel) if rel else name),
+                             doraise=True)
+        except py_compile.PyCompileError:
+          continue  # not valid Python for this interpreter (never imported here either)
+    try:
+      os.rename(staging, top)
+    except OSError:  # made meanwhile, by another process or another user
+      pass
+    if not _ours(top):
+      top = staging  # the name is taken by someone else: this process's own copy
+    elif os.path.isdir(staging):
+      shutil.rmtree(staging, ignore_errors=True)
+  return {name: os.path.join(top, name) for name in libs}
 
 
 @functools.lru_cache(maxsize=None)
@@ -369,7 +508,8 @@ def isolation(sandbox_cfg) -> str:
   base = "rlimits(cpu,as,fsize,nofile,core)+session-kill+process-watchdog"
   if _confined(sandbox_cfg):
     return ("namespaces(user,net,mount,pid)+own-root(workspace,ro-system,ro-python,"
-            "document-libraries,own-proc,private-tmp)+caps-dropped+no-new-privs+" + base)
+            "document-libraries,own-proc,private-tmp,no-host-paths)+caps-dropped+no-new-privs+"
+            + base)
   if sandbox_cfg.allow_unconfined:
     return (base + "+write-audit-hook: UNCONFINED (no namespaces: code reads the whole machine, "
             "network open; envs.sandbox.allow_unconfined=True)")
@@ -486,9 +626,10 @@ def _run(kind, code, files_dir, sandbox_cfg, output_chars, cancel):
     proc = subprocess.Popen(cmd, stdin=inp, stdout=out, stderr=err, cwd=files_dir, env=env,
                             start_new_session=True, preexec_fn=preexec)
     killed_for = None
-    # unshare + boot + worker are 3 processes of the tree; count only what the code started.
+    # unshare + boot + init + worker are 4 processes of the tree; count only what the code
+    # started.
     if use_ns and os.path.exists(f"/proc/{proc.pid}/task/{proc.pid}/children"):
-      count = lambda pid: _count_tree(pid, lim.max_processes + 3) - 3  # noqa: E731
+      count = lambda pid: _count_tree(pid, lim.max_processes + 4) - 4  # noqa: E731
     else:
       count = _count_session
     deadline = t0 + lim.wall_s

@@ -3,6 +3,7 @@ nothing else (each escape attempt is blocked and classified), limits stop runawa
 document libraries work, a machine without confinement refuses code, the gateway survives."""
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -113,9 +114,11 @@ def _attempts(s):
        {"error"}),
       ("dot-dot paths", "shell", f"cat ../../../../../..{SOURCE}", {"error"}),
       ("boot's root through /proc", "shell", f"cat /proc/1/root{planted}", {"error"}),
+      # pid 1 of the code's pid namespace is the sandbox's own shell (boot is not there): its
+      # environment is the sandbox's, readable, and no secret.
       ("the parent's environment", "python",
        "import os; print(dict(os.environ)); print(open('/proc/self/environ').read()); "
-       "print(open('/proc/1/environ').read())", {"error"}),
+       "print(open('/proc/1/environ').read())", {"ok"}),
       ("the parent's environment", "shell", "env; cat /proc/*/environ", {"ok", "error"}),
       ("host processes", "shell", "cat /proc/*/cmdline | tr '\\0' ' '; "
        "test $(ls -d /proc/[0-9]* | wc -l) -le 6", {"ok"}),
@@ -185,10 +188,65 @@ def test_the_workspace_is_the_worlds_files_and_changes_come_back(files_dir, cfg)
            files_dir, cfg)
   assert r.status == "ok" and r.stdout.startswith("ok\n"), r
   assert sorted(r.stdout.split("\n")[1:-2]) == sorted(
-      ["bin", "dev", "lib", "lib64", "opt", "proc", "sbin", "tmp", "usr", "workspace"] +
-      [p.strip("/").split("/")[0] for p in sandbox._layout()["python"]
-       if not p.startswith("/usr/")])
+      {"bin", "dev", "lib", "lib64", "opt", "proc", "sbin", "tmp", "usr", "workspace"} |
+      {dst.strip("/").split("/")[0] for _, dst in sandbox._layout()["python"]})
   assert open(os.path.join(files_dir, "out.txt")).read() == "okmore\n"
+
+
+# What the code reads of its process and mounts (Python: its own view; the shell: every
+# process of its namespace), printed for the test to search.
+_SELF_VIEW = """
+import glob, os, sys
+for p in ["/proc/self/mountinfo", "/proc/mounts", "/proc/self/mountstats", "/proc/self/maps",
+          "/proc/self/environ"] + sorted(glob.glob("/proc/[0-9]*/cmdline")):
+  print(p, open(p, "rb").read().decode("utf-8", "replace").replace(chr(0), " "))
+print(os.readlink("/proc/self/exe"), os.readlink("/opt/bin/python3"), os.getcwd())
+print(sys.executable, sys.prefix, sys.base_prefix, sys.exec_prefix, sys.path, sys.argv)
+import openpyxl, docx, pptx, pypdf, lxml.etree, PIL.Image
+print([m.__file__ for m in (openpyxl, docx, pptx, pypdf, lxml.etree, PIL.Image)])
+print([m.__cached__ for m in (openpyxl, docx, pptx, pypdf)])
+"""
+# The document libraries' files, bytecode included, searched inside for the needles (the
+# code reaches the worker through a pipe: no command line holds them).
+_SEARCH = """
+import os
+needles = [n.encode() for n in {needles!r}]
+for d, _, files in os.walk("/opt/python"):
+  for f in files:
+    data = open(os.path.join(d, f), "rb").read()
+    for n in needles:
+      if n in data:
+        print("HIT", os.path.join(d, f), n)
+print("searched")
+"""
+
+
+def test_no_host_path_of_the_project_its_venv_or_the_run_shows_inside(files_dir, cfg,
+                                                                      tmp_path_factory):
+  """Inside the root, /proc/self/mountinfo and /proc/mounts (read from Python and from the
+  shell), every process's command line, the process's maps, executable and environment, the
+  interpreter's paths and the document libraries' files (their bytecode included) name no host
+  path of the project, its virtualenv, the interpreter's prefix, the world's files or the
+  run's temporary folders; the interpreter and the libraries appear under /opt."""
+  layout = sandbox._layout()
+  host = {ROOT, os.path.realpath(sys.prefix), os.path.realpath(files_dir),
+          str(tmp_path_factory.getbasetemp()), sandbox._root_dir(),
+          os.path.dirname(next(iter(layout["bytecode"].values())))}
+  if layout["python"] and layout["python"][0][1] == sandbox._PYTHON_ROOT:
+    host.add(os.path.realpath(sys.base_prefix))
+  assert not any(h.rstrip("/") in ("", "/tmp", "/usr") for h in host), host
+  r = sandbox.run_python(_SELF_VIEW, files_dir, cfg.sandbox, 1_000_000)
+  assert r.status == "ok", r
+  assert "/proc/self/mountinfo" in r.stdout and "/opt/python/openpyxl" in r.stdout, r.stdout
+  for h in host:
+    assert h not in r.stdout + r.stderr, (h, r.stdout)
+  r = sandbox.run_shell("cat /proc/self/mountinfo /proc/mounts; tr '\\0' ' ' < /proc/1/cmdline",
+                        files_dir, cfg.sandbox, 1_000_000)
+  assert r.status == "ok" and " / / " in r.stdout, r
+  for h in host:
+    assert h not in r.stdout + r.stderr, (h, r.stdout)
+  r = sandbox.run_python(_SEARCH.format(needles=sorted(host)), files_dir, cfg.sandbox, 100_000)
+  assert r.status == "ok" and r.stdout.strip() == "searched", r
 
 
 def test_a_run_that_is_stopped_leaves_the_world_as_it_was(files_dir, cfg):
