@@ -10,6 +10,9 @@ Configs are ml_collections files with a `get_config(arg)`; any field can be over
 command line, and an unknown key is an error naming it. Every override takes effect: a preset
 gives defaults, derived values follow their source (configs/references.py), and every mode
 first prints the resolved model and the keys that differ from configs/base.py (configs/record.py).
+A run directory holds one run: --mode=rl and --mode=sft record the config there and refuse a
+later launch with another one before writing anything, unless only keys safe to change on
+resume differ or --config.resume=changed accepts the change (rl/run_record.py).
 """
 import importlib
 import os
@@ -21,7 +24,9 @@ import jax
 from ml_collections import config_flags
 
 from configs import record
+from configs.validate import ConfigError
 from rl import distributed
+from rl import run_record
 from rl import sweep
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -64,6 +69,15 @@ def _use_compilation_cache(config):
 
 
 def main(argv):
+  try:
+    _main(argv)
+  except ConfigError as e:
+    # Said in its own words, no traceback: the command line or the run directory is at fault.
+    sys.stderr.write(f"launch.py: {e}\n")
+    sys.exit(2)
+
+
+def _main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if _SWEEP.value:
@@ -77,6 +91,8 @@ def main(argv):
     sys.stdout = open(os.devnull, "w", encoding="utf-8")
   _use_compilation_cache(_CONFIG.value)
   print(record.report(_CONFIG.value), flush=True)   # the resolved config, before anything runs
+  # A run directory holds one run: refuse another config before anything is written there.
+  run_record.guard(_CONFIG.value, _MODE.value)
   module_name, fn_name = _MODES[_MODE.value].split(":")
   try:
     module = importlib.import_module(module_name)

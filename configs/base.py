@@ -65,6 +65,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.name = "base"                    # run name; outputs go to runs/<name>/
   c.seed = 0                         # master seed (init, data order, sampling)
   c.workdir = "runs"                 # parent directory of run outputs
+  c.resume = "same"                  # a run directory holding a run of another config: same = refuse (keys safe to change excepted); changed = continue it with this config, the change recorded (rl/run_record.py)
   # XLA's persistent compilation cache: a later run (a sweep's next arm, make run again) reads
   # the executables an earlier one compiled instead of compiling them. "" = off.
   c.jax_cache_dir = "runs/jax_cache"

@@ -14,6 +14,7 @@ from envs import eval_summary
 from envs import scripted_eval
 from rl import distributed
 from rl import judge_server
+from rl import run_record
 from rl.rollouts import run_pool
 from rl.task_data import make_episodes
 
@@ -68,6 +69,8 @@ def finish_summary(summary: dict, config, eval_tasks) -> dict:
   """summary.json: the evals so far, what they were run on, and (with both) the change."""
   out = dict(summary)
   out["config"] = config.name
+  # The resolved config it was made with (as in the run directory's run_config.json).
+  out["config_hash"] = run_record.config_hash(config)
   out["eval_subset"] = {"split": "eval", "levels": list(config.loop.eval_levels),
                         "max_tasks": int(config.loop.eval_max_tasks), "n_tasks": len(eval_tasks),
                         "samples_per_task": int(config.loop.eval_samples),

@@ -19,6 +19,11 @@ def run_dir(config) -> str:
   return os.path.join(config.workdir, config.name)
 
 
+def sft_dir(config) -> str:
+  """Where SFT params are saved: sft.dir, default runs/<name>/sft (rl/sft.py's `sft_dir`)."""
+  return config.sft.dir or os.path.join(run_dir(config), "sft")
+
+
 class Metrics:
   """JSONL (always) and TensorBoard (config.loop.tensorboard) under the run directory. In a
   multi-process job only process 0 writes (every process holds the same figures)."""

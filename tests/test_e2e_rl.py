@@ -9,6 +9,7 @@ directory the trainer publishes to), and make run's path from a fresh run direct
 first) with rollouts drawn a step ahead (loop.max_staleness=1); ~30 s each, in the default
 run.
 """
+import hashlib
 import json
 import os
 import signal
@@ -127,13 +128,13 @@ def test_rl_steps_with_the_rollout_server_as_a_separate_job(tmp_path):
 def test_sft_first_then_rl_steps_with_rollouts_drawn_one_step_ahead_and_turns_kept(tmp_path):
   """make run's path on a fresh run directory (SFT trained first, then RL), with
   loop.max_staleness=1: each step's batch is drawn while the previous step trains; and the
-  turn cache on (finished slots held, turns kept) across those weight syncs."""
+  turn cache on (finished slots held, turns kept) across those weight syncs; then the run
+  directory records its config and refuses a rerun under another learning rate."""
   env = _env()
   cmd = [a for a in _cmd(tmp_path, 3) if a != "--config.sft.steps=0"]
-  out = subprocess.run(cmd + ["--config.loop.max_staleness=1", "--config.rollout.turn_cache=8",
-                              "--config.sft.steps=1",
-                              "--config.sft.max_tasks=2", "--config.sft.batch_size=2"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+  cmd += ["--config.loop.max_staleness=1", "--config.rollout.turn_cache=8", "--config.sft.steps=1",
+          "--config.sft.max_tasks=2", "--config.sft.batch_size=2"]
+  out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
   assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
   assert os.path.isdir(os.path.join(tmp_path, "e2e", "sft"))
   metrics = [json.loads(l) for l in open(os.path.join(tmp_path, "e2e", "metrics.jsonl"))]
@@ -147,3 +148,26 @@ def test_sft_first_then_rl_steps_with_rollouts_drawn_one_step_ahead_and_turns_ke
   assert train[3]["rollout/turns_kept"] > 0
   summary = json.load(open(os.path.join(tmp_path, "e2e", "summary.json")))
   assert 0.0 <= summary["after_rl"]["pass_at_1"] <= 1.0
+  # The run directory holds this run: its config, which the summary names by hash, and one
+  # start in the history. The same directory under another learning rate is refused before
+  # anything in it changes (rl/run_record.py).
+  record = json.load(open(os.path.join(tmp_path, "e2e", "run_config.json")))
+  assert summary["config_hash"] == record["config_hash"]
+  assert record["config"]["loop.max_staleness"] == 1
+  before = _hashes(os.path.join(tmp_path, "e2e"))
+  again = subprocess.run(cmd + ["--config.optim.lr=0.5"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+  assert again.returncode == 2, again.stdout[-2000:] + again.stderr[-2000:]
+  assert "  optim.lr: 0.2 -> 0.5" in again.stderr.splitlines()
+  assert _hashes(os.path.join(tmp_path, "e2e")) == before
+
+
+def _hashes(directory) -> dict:
+  """Relative path -> sha256 of every file under `directory`."""
+  out = {}
+  for dirpath, _, files in os.walk(directory):
+    for name in files:
+      with open(os.path.join(dirpath, name), "rb") as f:
+        out[os.path.relpath(os.path.join(dirpath, name), directory)] = \
+            hashlib.sha256(f.read()).hexdigest()
+  return out
