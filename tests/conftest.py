@@ -31,7 +31,8 @@ if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
 LONGEST_FIRST = ("tests/test_e2e_pod.py", "tests/test_e2e_rl_options.py",
                  "tests/rl/test_train_step.py", "tests/test_e2e_rl.py",
                  "tests/models/test_qwen3_5.py", "tests/envs/test_harness_episodes.py",
-                 "tests/envs/test_shell_harness.py", "tests/envs/test_worlds.py")
+                 "tests/envs/test_shell_harness.py", "tests/envs/test_worlds.py",
+                 "tests/rl/test_compile_job.py")
 
 
 def pytest_addoption(parser):
