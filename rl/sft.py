@@ -43,6 +43,7 @@ from rl.params_io import start_fingerprint
 from rl.rollouts import run_pool
 from rl.task_data import make_episodes
 from rl.task_data import select_tasks
+from rl.train_step import apply_optimizer
 from rl.train_step import make_optimizer
 from rl.train_step import token_logprobs
 
@@ -239,9 +240,8 @@ def sft_steps(config, model_cfg, opt, backend: Optional[str] = None) -> tuple:
     @jit
     def step(params, opt_state, *batches):
       (loss, drill_loss), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, *batches)
-      updates, opt_state = opt.update(grads, opt_state, params)
-      return (optax.apply_updates(params, updates), opt_state, loss, optax.global_norm(grads),
-              drill_loss)
+      params, opt_state, _ = apply_optimizer(opt, grads, opt_state, params)  # dtypes kept
+      return params, opt_state, loss, optax.global_norm(grads), drill_loss
     return step
 
   return make_step(total_loss), make_step(lambda p, drill: (sft_loss(model_cfg, p, drill),) * 2)

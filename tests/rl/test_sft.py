@@ -3,6 +3,7 @@ import json
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -180,3 +181,33 @@ def test_sft_on_tasks_without_an_oracle_is_refused_before_any_world_is_rendered(
                      r"envs.tasks_file=.*--config.loop.sft_first=False"):
     sft.run_sft(c)
   assert not os.path.exists(c.envs.worlds_root)
+
+
+def test_bfloat16_params_take_two_sft_steps_keeping_every_leafs_dtype():
+  """model.param_dtype=bfloat16: the SFT step rounds AdamW's float32 updates into the bfloat16
+  params and keeps each moment in its dtype, so its outputs have its inputs' types (the next
+  step reuses the compiled program); the loss stays finite and the params move."""
+  c = tiny_cpu.get_config()
+  with c.unlocked():
+    c.model.param_dtype = c.model.dtype = "bfloat16"
+    c.sft.lr, c.sft.warmup_steps, c.sft.schedule = 1e-3, 0, "constant"
+  cfg = qwen3_5.config_from_dict(c.model)
+  params = qwen3_5.init_params(cfg, jax.random.key(0))
+  opt = sft.sft_optimizer(c)
+  opt_state = opt.init(params)
+  step, _ = sft.sft_steps(c, cfg, opt)
+  dtypes = lambda tree: [(jax.tree_util.keystr(p), x.dtype)
+                         for p, x in jax.tree_util.tree_leaves_with_path(tree)]
+  assert {d for _, d in dtypes(params)} == {np.dtype(jnp.bfloat16)}
+  start = dtypes({"params": params, "opt_state": opt_state})
+  tokens = np.random.default_rng(0).integers(9, 1000, (2, 16)).astype(np.int32)
+  batch = {"tokens": tokens, "loss_mask": np.pad(np.ones((2, 4), np.float32), ((0, 0), (10, 2))),
+           "lengths": np.array([16, 16], np.int32)}
+  new = params
+  for _ in range(2):
+    new, opt_state, loss, _, _ = step(new, opt_state, batch, None)
+    assert np.isfinite(float(loss))
+    assert dtypes({"params": new, "opt_state": opt_state}) == start
+  moved = [bool((np.asarray(a, np.float32) != np.asarray(b, np.float32)).any())
+           for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(params))]
+  assert sum(moved) > len(moved) / 2, moved

@@ -412,3 +412,30 @@ def test_kl_reference_logprobs_are_the_start_params_logprobs(base_state_and_batc
     want = jax.jit(lambda p, t: train_step.token_logprobs(step.model_cfg, p, t, 1.0)[0])(
         params, b["tokens"])
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def _leaf_dtypes(tree) -> list:
+  """(path, dtype) of every leaf of `tree`."""
+  return [(jax.tree_util.keystr(p), x.dtype) for p, x in jax.tree_util.tree_leaves_with_path(tree)]
+
+
+def test_bfloat16_params_train_two_steps_and_a_skipped_one_keeping_every_leafs_dtype():
+  """model.param_dtype=bfloat16 (what the GPU benchmark runs): the optimizer's float32 updates
+  are rounded into the bfloat16 params, AdamW's moments keep their dtypes (mu in
+  optim.mu_dtype), so the update and skip branches of the step agree; the loss stays finite
+  and the params move. A batch with no signal then takes the skip branch, dtypes unchanged."""
+  step = _step("bf16", **{"model.param_dtype": "bfloat16", "model.dtype": "bfloat16"})
+  state = step.init_state(jax.random.key(0))
+  start = jax.device_get(state["params"])   # the state is donated to the step
+  assert {d for _, d in _leaf_dtypes(start)} == {jnp.dtype(jnp.bfloat16)}
+  dtypes = _leaf_dtypes({"params": state["params"], "opt_state": state["opt_state"]})
+  host = train_utils.make_batch(step.config, seed=1)
+  for batch in (host, host, dict(host, rewards=np.ones_like(host["rewards"]))):
+    state, m = step(state, step.shard_batch(batch))
+    assert np.isfinite(float(m["loss/total"]))
+    assert _leaf_dtypes({"params": state["params"], "opt_state": state["opt_state"]}) == dtypes
+  assert int(state["step"]) == 3 and float(m["tokens/loss_tokens"]) == 0.0
+  now = jax.device_get(state["params"])
+  moved = [bool((np.asarray(a, np.float32) != np.asarray(b, np.float32)).any())
+           for a, b in zip(jax.tree.leaves(now), jax.tree.leaves(start))]
+  assert sum(moved) > len(moved) / 2, moved
