@@ -21,6 +21,13 @@ config, reads the JSON line each prints last, and writes one JSON of figures to
 
 Peak FLOP/s and HBM bandwidth come from `GPUS`, keyed by a substring of
 `nvidia-smi --query-gpu=name`.
+
+Memory: this process never starts a jax backend (it counts parameters from shapes,
+qwen3_5.count_params, and does the FLOP and roofline arithmetic in Python), so the GPU is the
+children's alone; each child sets its own allocator policy before jax starts
+(benchmarks/device_memory.py: XLA_PYTHON_CLIENT_PREALLOCATE=false unless the environment says
+otherwise) and reports its peak from `jax.devices()[0].memory_stats()` as `peak_bytes_in_use`
+(null on the CPU, which keeps no statistics).
 """
 import argparse
 import json
@@ -30,6 +37,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402  (the version only: this process starts no backend)
 
 from configs import base  # noqa: E402
 from models import qwen3_5  # noqa: E402
@@ -165,7 +174,7 @@ def _run(name: str, cmd: list, timeout: float, env: dict, log_dir: str):
     return {"error": str(e)}, time.time() - t0
 
 
-def main():
+def parse_args(argv=None):
   ap = argparse.ArgumentParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--out", default="runs/accelerator")
@@ -174,10 +183,17 @@ def main():
                   "is NVIDIA H200 (its table entry, to exercise the maths)")
   ap.add_argument("--timeout", type=float, default=100.0,
                   help="seconds per benchmark (decode: twice)")
-  args = ap.parse_args()
+  return ap.parse_args(argv)
+
+
+def main(argv=None, run_child=None):
+  """The benchmark; `run_child(name, cmd, timeout, env, log_dir)` runs one child (default
+  `_run`: a subprocess; a test passes a stand-in to check this process alone)."""
+  args = parse_args(argv)
+  run_child = run_child or _run
   size_name = "smoke" if args.smoke else "1b"
   size, run = SIZES[size_name], RUNS[size_name]
-  dtype = "float32" if args.smoke else "bfloat16"
+  dtype = "bfloat16"   # params and compute, the smoke run too: the dtype the GPU runs
   out_dir = os.path.join(REPO, args.out) if not os.path.isabs(args.out) else args.out
   os.makedirs(out_dir, exist_ok=True)
   env = dict(os.environ)
@@ -192,13 +208,14 @@ def main():
                            capture_output=True, text=True, check=True).stdout.splitlines()[0]
   figures = gpu_figures(gpu)
   cfg = model_config(size, dtype)
-  counts = qwen3_5.count_params(cfg)
+  counts = qwen3_5.count_params(cfg)   # shapes only: no backend starts here
   print(f"gpu {gpu}: peak bf16 {figures[0] / 1e12:.0f} TFLOP/s, HBM {figures[1] / 1e12:.2f} TB/s"
         if figures else f"gpu {gpu}: not in the table (no MFU / roofline)")
   print(f"model ({size_name}): {counts['total'] / 1e6:.1f} M params, "
         f"{counts['active'] / 1e6:.1f} M "
         f"active ({counts['total'] / counts['active']:.1f}x fewer), {dtype}")
-  result = {"gpu": gpu, "smoke": args.smoke, "dtype": dtype, "model": size,
+  result = {"gpu": gpu, "jax_version": jax.__version__, "smoke": args.smoke, "dtype": dtype,
+            "model": size,
             "params": counts["total"], "active_params": counts["active"],
             "peak_flops": figures[0] if figures else None,
             "hbm_bytes_per_s": figures[1] if figures else None}
@@ -209,7 +226,7 @@ def main():
   cmd = [py, os.path.join(HERE, "model_step.py"), "--no_torch", f"--dtype={dtype}",
          "--compile_layers=", f"--batch={run['step_batch']}", f"--seq={run['step_seq']}",
          "--iters=5"] + [f"--{k}={v}" for k, v in size.items()]
-  ms, secs = _run("model_step", cmd, args.timeout, env, out_dir)
+  ms, secs = run_child("model_step", cmd, args.timeout, env, out_dir)
   result["model_step"] = dict(ms, wall_s=secs)
   if "jax_tokens_per_s" in ms and figures:
     fpt = flops_per_token(cfg, run["step_seq"])
@@ -223,7 +240,7 @@ def main():
          f"--config.train.max_context={run['train_seq']}",
          f"--config.train.micro_batches={run['micro']}"]
   cmd += [f"--config.model.{k}={v}" for k, v in over.items()]
-  ts, secs = _run("train_step", cmd, args.timeout, env, out_dir)
+  ts, secs = run_child("train_step", cmd, args.timeout, env, out_dir)
   result["train_step"] = dict(ts, wall_s=secs)
   if "tokens_per_s" in ts and figures:
     fpt = flops_per_token(cfg, run["train_seq"])
@@ -235,7 +252,7 @@ def main():
          f"--prompt_len={run['prompt_len']}", f"--tokens={run['decode_tokens']}",
          "--concurrency=" + ",".join(str(c) for c in run["concurrency"])]
   cmd += [f"--set=model.{k}={v}" for k, v in over.items()]
-  dec, secs = _run("decode", cmd, 2 * args.timeout, env, out_dir)
+  dec, secs = run_child("decode", cmd, 2 * args.timeout, env, out_dir)
   result["decode"] = dict(dec, wall_s=secs)
   if "engine_tokens_per_s" in dec and figures:
     context = run["prompt_len"] + run["decode_tokens"] / 2   # mean tokens cached per step
@@ -247,6 +264,10 @@ def main():
       roof[c] = {"tokens_per_s": tps, "roofline_tokens_per_s": r, "of_roofline": tps / r}
     result["decode"]["roofline"] = roof
 
+  for name in ("model_step", "train_step", "decode"):
+    peak = result[name].get("peak_bytes_in_use")
+    print(f"[{name}] peak device memory: "
+          + ("n/a" if peak is None else f"{peak / 2**30:.2f} GiB"))
   path = os.path.join(out_dir, "accelerator.json")
   with open(path, "w") as f:
     json.dump(result, f, indent=1)
@@ -256,6 +277,7 @@ def main():
   if failed:
     print(f"failed: {', '.join(failed)} (logs in {out_dir})")
     sys.exit(1)
+  return result
 
 
 if __name__ == "__main__":

@@ -20,6 +20,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import device_memory  # noqa: E402  (a sibling: benchmarks/ is sys.path[0])
+
+if __name__ == "__main__":
+  device_memory.set_policy()  # before jax loads: this process's allocator (device_memory.py)
+
 import numpy as np  # noqa: E402
 
 import bench_overrides as overrides  # noqa: E402  (a sibling: benchmarks/ is sys.path[0])
@@ -138,6 +143,9 @@ def main():
       print(f"{c:>5} {eng:>13.1f} {hf:>10.1f} {eng / hf:>6.1f}x", flush=True)
     else:
       print(f"{c:>5} {eng:>13.1f} {'-':>10} {'-':>7}", flush=True)
+  out["peak_bytes_in_use"] = device_memory.peak_bytes_in_use()   # the whole run's; CPU: None
+  peak = out["peak_bytes_in_use"]
+  print("peak device memory: " + ("n/a" if peak is None else f"{peak / 2**30:.2f} GiB"))
   print(json.dumps(out))
 
 

@@ -33,6 +33,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import device_memory  # noqa: E402  (a sibling: benchmarks/ is sys.path[0])
+
+if __name__ == "__main__":
+  device_memory.set_policy()  # before jax loads: this process's allocator (device_memory.py)
+
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -464,6 +469,10 @@ def print_breakdown(rows, step):
   return out
 
 
+def _gib(n) -> str:
+  return "n/a (no allocator statistics)" if n is None else f"{n / 2**30:.2f} GiB"
+
+
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--hidden", type=int, default=128)
@@ -546,6 +555,8 @@ def main():
     lo, hi = min(compile_times), max(compile_times)
     out["compile_ratio"] = compile_times[hi] / compile_times[lo]
     print(f"compile ratio {hi}/{lo} layers: {out['compile_ratio']:.2f}x")
+  out["peak_bytes_in_use"] = device_memory.peak_bytes_in_use()   # the whole run's; CPU: None
+  print(f"peak device memory: {_gib(out['peak_bytes_in_use'])}")
   print(json.dumps(out))
 
 

@@ -5,7 +5,8 @@
 
 Builds the configured model and mesh over the devices present, feeds a synthetic GRPO batch
 of the configured shape (prompts_per_step x samples_per_prompt rows of train.seq_len tokens)
-and times `--steps` steps after one compile step (the figures also as a JSON last line). Model FLOPs are counted from the config:
+and times `--steps` steps after one compile step (the figures, and device 0's peak
+memory where the backend keeps statistics (benchmarks/device_memory.py), also as a JSON last line). Model FLOPs are counted from the config:
 6 x (active parameters per token) x tokens for the matmuls (forward + backward), plus the
 attention score/value matmuls of the full-attention layers (causal: half of 4 T^2 H D per
 layer per sequence, x3 for the backward); the optional recompute of old logprobs and remat
@@ -31,6 +32,11 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import device_memory  # noqa: E402  (a sibling: benchmarks/ is sys.path[0])
+
+if __name__ == "__main__":
+  device_memory.set_policy()  # before jax loads: this process's allocator (device_memory.py)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -158,6 +164,9 @@ def main(argv):
   else:
     print("MFU               n/a (no accelerator with a known peak)")
   print(f"loss              {float(m['loss/total']):.5f}")
+  peak_mem = device_memory.peak_bytes_in_use()   # the whole run's; None on the CPU
+  print("peak memory       " + ("n/a (no allocator statistics)" if peak_mem is None
+                                else f"{peak_mem / 2**30:.2f} GiB (device 0)"))
   if packed_dt is not None:
     n_live = int(live.sum())
     print(f"live rows         {n_live} of {rows} ({_LIVE.value} informative groups)")
@@ -172,9 +181,11 @@ def main(argv):
   print(json.dumps({
       "params": counts["total"], "active_params": counts["active"], "rows": rows, "seq": seq,
       "devices": n, "device_kind": getattr(dev, "device_kind", "?"), "dtype": config.model.dtype,
+      "param_dtype": config.model.param_dtype,
       "first_step_s": compile_s, "step_s": dt, "tokens_per_s": tokens / dt,
       "model_flops_per_step": flops,
-      "mfu": flops / dt / n / peak if (dev.platform != "cpu" and peak) else None}))
+      "mfu": flops / dt / n / peak if (dev.platform != "cpu" and peak) else None,
+      "peak_bytes_in_use": peak_mem}))
 
 
 if __name__ == "__main__":

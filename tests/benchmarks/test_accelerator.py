@@ -1,5 +1,6 @@
 """benchmarks/accelerator.py (behind accelerator.sh): the ~1B config, the GPU table, the FLOP
-count and the decode roofline; the script's CPU smoke run (slow)."""
+count and the decode roofline; a parent that starts no jax backend and children that set their
+own memory policy; the script's CPU smoke run in bfloat16 (slow)."""
 import json
 import os
 import subprocess
@@ -11,7 +12,42 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import accelerator  # noqa: E402
+import device_memory  # noqa: E402
 from models import qwen3_5  # noqa: E402
+
+# A platform jax does not know: in a process with JAX_PLATFORMS set to it, starting any backend
+# (a device query, an array, a concrete PRNG key, a compile) raises instead of taking the GPU.
+NO_BACKEND = "no_backend_in_this_process"
+
+# The parent's whole path (parameter counts, FLOPs, roofline, the JSON) with stand-in children
+# whose figures are fixed; writes the result and the children's commands to argv[1].
+PARENT = r"""
+import json, sys
+import accelerator
+from models import qwen3_5
+
+calls = {}
+def child(name, cmd, timeout, env, log_dir):
+  calls[name] = cmd
+  return {"model_step": {"jax_tokens_per_s": 1e4, "peak_bytes_in_use": 5 * 2**30},
+          "train_step": {"tokens_per_s": 1e4, "peak_bytes_in_use": 7 * 2**30},
+          "decode": {"engine_tokens_per_s": {"8": 1e3, "32": 3e3},
+                     "peak_bytes_in_use": None}}[name], 1.0
+counts = qwen3_5.count_params(accelerator.model_config(accelerator.SIZES["1b"]))
+result = accelerator.main(sys.argv[2:], run_child=child)
+json.dump({"result": result, "calls": calls, "counts": counts}, open(sys.argv[1], "w"))
+"""
+
+
+def _parent(tmp_path, *args):
+  """Runs PARENT in a process where starting a jax backend fails; returns what it wrote."""
+  env = dict(os.environ, JAX_PLATFORMS=NO_BACKEND)
+  out = tmp_path / "parent.json"
+  p = subprocess.run([sys.executable, "-c", PARENT, str(out), f"--out={tmp_path}", *args],
+                     cwd=os.path.join(ROOT, "benchmarks"), env=env, capture_output=True,
+                     text=True, timeout=600)
+  assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+  return json.load(open(out))
 
 
 def test_the_1b_config_has_about_1b_params_and_an_eighth_active():
@@ -62,14 +98,92 @@ def test_decode_roofline_reads_active_weights_alone_and_all_experts_at_large_bat
       8 * 4.8e12 / more)
 
 
+def test_count_params_and_the_parent_start_no_jax_backend_so_the_gpu_is_the_childrens(tmp_path):
+  """The parent counts the 1B config's parameters and does all its arithmetic where starting a
+  backend raises (so no device buffer is ever made: no backend, no buffer); each child's
+  figures reach the JSON, its peak memory among them."""
+  got = _parent(tmp_path, "--gpu_name=NVIDIA H200")
+  want = qwen3_5.count_params(accelerator.model_config(accelerator.SIZES["1b"]))
+  assert got["counts"] == want and got["result"]["params"] == want["total"]
+  result = got["result"]
+  assert result["model_step"]["mfu"] > 0 and result["train_step"]["mfu"] > 0
+  assert set(result["decode"]["roofline"]) == {"8", "32"}
+  assert result["model_step"]["peak_bytes_in_use"] == 5 * 2**30
+  assert result["train_step"]["peak_bytes_in_use"] == 7 * 2**30
+  assert result["decode"]["peak_bytes_in_use"] is None
+
+
+def test_a_backend_started_under_the_guard_fails_so_the_parent_check_can_fail(tmp_path):
+  """What the check above rests on: a concrete PRNG key (count_params' key before it was made
+  inside jax.eval_shape) in a process with JAX_PLATFORMS=NO_BACKEND raises."""
+  env = dict(os.environ, JAX_PLATFORMS=NO_BACKEND)
+  p = subprocess.run([sys.executable, "-c", "import jax; jax.random.key(0)"], env=env,
+                     capture_output=True, text=True, timeout=300)
+  assert p.returncode != 0 and "Unable to initialize backend" in p.stderr, p.stderr[-2000:]
+
+
+def test_the_smoke_run_gives_its_children_bfloat16_params_and_compute(tmp_path):
+  """The CPU smoke run's children run the dtype the GPU runs (the parent, again, where no
+  backend may start)."""
+  got = _parent(tmp_path, "--smoke")
+  assert got["result"]["dtype"] == "bfloat16" and got["result"]["smoke"]
+  calls = got["calls"]
+  assert "--dtype=bfloat16" in calls["model_step"] and "--dtype=bfloat16" in calls["decode"]
+  for flag in ("--config.model.param_dtype=bfloat16", "--config.model.dtype=bfloat16"):
+    assert flag in calls["train_step"]
+  for flag in ("--set=model.param_dtype=bfloat16", "--set=model.dtype=bfloat16"):
+    assert flag in calls["decode"]
+
+
+def test_the_memory_policy_grows_on_demand_unless_the_environment_sets_one(monkeypatch):
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
+  assert device_memory.set_policy() == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "true")
+  assert device_memory.set_policy() == {"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}
+
+
+# Runs a benchmark script as a program (`--help`: it parses its flags and exits) with
+# device_memory.set_policy recording whether jax was loaded when it ran.
+CHILD = r"""
+import os, runpy, sys
+import device_memory
+seen = []
+policy = device_memory.set_policy
+device_memory.set_policy = lambda: seen.append("jax" in sys.modules) or policy()
+sys.argv = [sys.argv[1], "--help"]
+try:
+  runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit:
+  pass
+print("RESULT", seen, os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"))
+"""
+
+
+@pytest.mark.parametrize("script", ["model_step.py", "train_step.py", "decode.py"])
+def test_each_child_sets_its_memory_policy_before_jax_loads(script):
+  env = dict(os.environ, JAX_PLATFORMS=NO_BACKEND)
+  env.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)
+  p = subprocess.run([sys.executable, "-c", CHILD, script], cwd=os.path.join(ROOT, "benchmarks"),
+                     env=env, capture_output=True, text=True, timeout=600)
+  assert p.returncode == 0, p.stderr[-2000:]
+  assert "RESULT [False] false" in p.stdout, p.stdout[-2000:]
+
+
 @pytest.mark.slow
-def test_smoke_run_writes_every_figure(tmp_path):
-  env = dict(os.environ, ACCEL_SMOKE="1", OUT=str(tmp_path), PYTHON=sys.executable)
+def test_smoke_run_in_bfloat16_writes_every_figure_and_each_childs_peak_memory(tmp_path):
+  """accelerator.sh's CPU smoke run end to end, its parent where no backend may start (the
+  children get JAX_PLATFORMS=cpu); bfloat16 params and compute, as on the GPU."""
+  env = dict(os.environ, ACCEL_SMOKE="1", OUT=str(tmp_path), PYTHON=sys.executable,
+             JAX_PLATFORMS=NO_BACKEND)
   p = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "accelerator.sh")], cwd=ROOT,
                      env=env, capture_output=True, text=True, timeout=1800)
   assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
   out = json.load(open(tmp_path / "accelerator.json"))
-  assert out["smoke"] and out["gpu"] == "NVIDIA H200"
+  assert out["smoke"] and out["gpu"] == "NVIDIA H200" and out["dtype"] == "bfloat16"
+  assert out["train_step"]["dtype"] == out["train_step"]["param_dtype"] == "bfloat16"
+  for name in ("model_step", "train_step", "decode"):
+    assert out[name]["dtype"] == "bfloat16", name
+    assert out[name]["peak_bytes_in_use"] is None, name   # the CPU keeps no statistics
   assert out["model_step"]["jax_tokens_per_s"] > 0 and out["model_step"]["mfu"] > 0
   assert out["train_step"]["tokens_per_s"] > 0 and out["train_step"]["mfu"] > 0
   for c in ("2", "4"):
