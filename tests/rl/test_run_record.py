@@ -140,7 +140,8 @@ def test_resume_changed_continues_with_the_change_recorded(tmp_path, capsys):
   last = _history(rdir)[-1]
   assert last["changes"] == [
       {"key": "optim.lr", "was": 0.2, "now": 0.5, "accepted": "--config.resume=changed"},
-      {"key": "resume", "was": "same", "now": "changed", "accepted": "says how a change is handled"}]
+      {"key": "resume", "was": "same", "now": "changed",
+       "accepted": "says how a change is handled"}]
   assert "optim.lr: 0.2 -> 0.5 (--config.resume=changed)" in capsys.readouterr().out
   # The recorded config is the new one: the same command again resumes as is.
   (v,) = run_record.guard(_config(tmp_path, optim__lr=0.5), "rl")
