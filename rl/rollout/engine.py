@@ -75,6 +75,11 @@ class SamplingSettings:
   seed: Optional[int] = None
 
 
+# Alternatives `score` returns at each prompt position (the most `top_logprobs` a request gets).
+TOP_LOGPROBS = 20
+# Prompt positions whose vocabulary-sized logprobs `score` holds at once.
+SCORE_CHUNK = 256
+
 # Stop ids a slot can watch for on the device (the freeze of a finished slot's state); a request
 # with more is served as before, its turn not kept.
 MAX_STOP_IDS = 8
@@ -91,6 +96,23 @@ class PrefillInput:
   sampling: SamplingSettings
   stop_ids: Optional[tuple] = None  # the request's stop ids (its slot's state freezes at one); None = the engine's
   max_tokens: int = 0          # the request's token budget; 0 = until the slot is full
+
+
+@dataclasses.dataclass
+class PromptScores:
+  """What `QwenEngine.score` returns for a prompt of n ids: the model's distribution (softmax of
+  the raw logits, temperature 1) at every prompt position, given the ids before it.
+
+  logprobs [n] f32: the logprob of ids[i] after ids[:i]; logprobs[0] = 0 (no context, as the
+    train step's `token_logprobs`, which this equals).
+  top_ids [n, K] int32, top_logprobs [n, K] f32: the K = min(TOP_LOGPROBS, vocab) likeliest ids
+    at position i (after ids[:i]), likeliest first; row 0 is meaningless.
+  version: the weights version that scored it.
+  """
+  logprobs: np.ndarray
+  top_ids: np.ndarray
+  top_logprobs: np.ndarray
+  version: int
 
 
 @struct.dataclass
@@ -324,6 +346,7 @@ class QwenEngine(engine_api.Engine):
                                                  state["version"][slot]))
     self._insert_jit = jax.jit(self._insert_impl, donate_argnums=(1,))
     self._generate_jit = jax.jit(self._generate_impl, donate_argnums=(1,))
+    self._score_jit = jax.jit(self._score_impl)
 
   @classmethod
   def from_config(cls, config, params=None, devices: Optional[Sequence[Any]] = None,
@@ -436,6 +459,52 @@ class QwenEngine(engine_api.Engine):
       new_state["done"] = state["done"] | finished
     data = jnp.stack([tokens, jnp.ones_like(tokens), step], axis=1)  # token, valid, length
     return new_state, data, logprobs[:, None]
+
+  def _score_impl(self, params, tokens):
+    """tokens [1, bucket] -> (logprob of each token after the ones before it [bucket] (0 at
+    position 0), top-K logprobs and ids [bucket, K] of the distribution at each position).
+
+    The logprobs are the train step's (`rl.train_step.token_logprobs`: the same forward and
+    log_softmax of the same logits, temperature 1); the vocabulary-sized logprobs exist for
+    SCORE_CHUNK positions at a time.
+    """
+    hidden, _ = qwen3_5.forward_hidden(self.cfg, params, tokens)
+    h, y = hidden[0, :-1], tokens[0, 1:]
+    k = min(TOP_LOGPROBS, self.cfg.vocab_size)
+
+    def block(a):
+      h, y = a
+      logp = jax.nn.log_softmax(qwen3_5.logits_from_hidden(self.cfg, params, h), axis=-1)
+      top_lp, top_ids = jax.lax.top_k(logp, k)
+      return jnp.take_along_axis(logp, y[..., None], axis=-1)[..., 0], top_lp, top_ids
+
+    t = y.shape[0]
+    if t <= SCORE_CHUNK:
+      lp, top_lp, top_ids = block((h, y))
+    else:
+      n = -(-t // SCORE_CHUNK)
+      pad = n * SCORE_CHUNK - t
+      blocks = (jnp.pad(h, [(0, pad), (0, 0)]).reshape(n, SCORE_CHUNK, -1),
+                jnp.pad(y, [(0, pad)]).reshape(n, SCORE_CHUNK))
+      lp, top_lp, top_ids = (x.reshape((n * SCORE_CHUNK,) + x.shape[2:])[:t]
+                             for x in jax.lax.map(block, blocks))
+    first = lambda x, v: jnp.concatenate([jnp.full((1,) + x.shape[1:], v, x.dtype), x])
+    return first(lp, 0), first(top_lp, 0), first(top_ids, 0)
+
+  def score(self, ids: Sequence[int]) -> PromptScores:
+    """The model's logprob of each of `ids` after the ones before it, and the likeliest ids at
+    each position, under the weights served now (one forward of the prompt padded to its
+    prefill bucket; no slot is used). For echo / prompt logprobs (the OpenAI front) and
+    scoring. Thread-safe beside the serving threads."""
+    if self._abstract_on is not None:
+      raise RuntimeError("an abstract engine (compile mode) cannot score")
+    ids = [int(i) for i in ids]
+    weights, version = self._handle.get()
+    with self._ctx():
+      lp, top_lp, top_ids = self._score_jit(weights, self.pad_prompt(ids)[None])
+    n = len(ids)
+    return PromptScores(np.asarray(lp)[:n], np.asarray(top_ids)[:n],
+                        np.asarray(top_lp)[:n], version)
 
   # -- JetStream's Engine API ---------------------------------------------------------------
 

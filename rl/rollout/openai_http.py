@@ -28,6 +28,7 @@ The server runs uvicorn (Starlette) on its own thread and event loop.
 """
 import asyncio
 import dataclasses
+import itertools
 import json
 import logging
 import queue
@@ -53,6 +54,7 @@ from envs.chat import ChatFormat
 from envs.chat import tokenizer as chat_tokenizer
 from rl.rollout import orchestrator
 from rl.rollout.engine import SamplingSettings
+from rl.rollout.engine import TOP_LOGPROBS
 
 VERSION_HEADER = "x-weights-version"
 MAX_CHOICES = 128  # n per request
@@ -118,7 +120,7 @@ _COMMON_UNSUPPORTED = {
     "use_beam_search": lambda v: not v,
 }
 _COMPLETION_UNSUPPORTED = dict(_COMMON_UNSUPPORTED, **{
-    "echo": lambda v: not v, "suffix": lambda v: not v, "best_of": lambda v: v == 1})
+    "suffix": lambda v: not v, "best_of": lambda v: v == 1})
 _CHAT_UNSUPPORTED = dict(_COMMON_UNSUPPORTED, **{
     "response_format": lambda v: isinstance(v, dict) and v.get("type") == "text",
     "top_logprobs": lambda v: v == 0,
@@ -383,9 +385,11 @@ class OpenAIFront:
       self._request(job)
 
   def _request(self, job: Job):
+    """The job's validated engine request (a job of 0 tokens, an echo that only scores its
+    prompt, is checked as one of 1)."""
     try:
-      return orchestrator.build_request(self.engine, job.prompt, job.max_tokens, job.sampling,
-                                        job.stop_ids)
+      return orchestrator.build_request(self.engine, job.prompt, max(job.max_tokens, 1),
+                                        job.sampling, job.stop_ids)
     except orchestrator.RequestError as e:
       raise ApiError(400, str(e)) from None
 
@@ -472,7 +476,7 @@ class OpenAIFront:
     return text if cut is None else text[:cut]
 
   def _token_strings(self, ids: Sequence[int]) -> list:
-    return [self.tok.decode([i]) for i in ids]
+    return [self.tok.decode([int(i)]) for i in ids]
 
   # -- endpoints ----------------------------------------------------------------------------
 
@@ -509,8 +513,9 @@ class OpenAIFront:
     _refuse(body, _COMPLETION_UNSUPPORTED)
     prompts = self._prompts(body.get("prompt"))
     n = self._choices(body)
-    max_tokens = _get(body, "max_tokens", int, 16, lo=1)
-    logprobs = _get(body, "logprobs", int, None, lo=0, hi=1)
+    echo = _get(body, "echo", bool, False)
+    max_tokens = _get(body, "max_tokens", int, 16, lo=0 if echo else 1)
+    logprobs = self._logprobs_wanted(body, echo, max_tokens)
     want_ids = _get(body, "return_token_ids", bool, False)
     sampling = self._sampling(body)
     stop_ids, stop_texts = self._stops(body, self.stop_ids)
@@ -519,14 +524,27 @@ class OpenAIFront:
     self._check(jobs)
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if _get(body, "stream", bool, False):
+      if echo:
+        raise ApiError(400, "'echo' with 'stream' is not supported by this server: ask without "
+                       "'stream' (docs/openai_endpoint.md)", "echo")
       return self._stream_completion(body, jobs, rid, created, logprobs, want_ids)
-    samples = await self._generate_all(request, jobs)
+    if echo:
+      samples, scores = await asyncio.gather(
+          self._generate_all(request, [j for j in jobs if j.max_tokens > 0]),
+          asyncio.to_thread(lambda: [self.engine.score(p) for p in prompts]))
+      # max_tokens = 0: the prompt alone, scored by the weights that scored it.
+      samples = samples or [Sample(finish=orchestrator.FINISH_LENGTH, version=scores[0].version)
+                            for _ in jobs]
+    else:
+      samples, scores = await self._generate_all(request, jobs), None
     choices = []
     for i, (job, s) in enumerate(zip(jobs, samples)):
       c = {"index": i, "text": self._text(s, job), "finish_reason": s.finish, "logprobs": None,
            "weights_version": s.version}
       if logprobs is not None:
         c["logprobs"] = self._completion_logprobs(s.ids, s.logprobs, logprobs, 0)
+      if echo:
+        self._echo(c, job, scores[i // n], logprobs)
       if want_ids:
         c["token_ids"], c["prompt_token_ids"] = list(s.ids), list(job.prompt)
       choices.append(c)
@@ -534,6 +552,48 @@ class OpenAIFront:
     return self._json({"id": rid, "object": "text_completion", "created": created,
                        "model": self.model_name, "choices": choices,
                        "usage": self._usage(prompts, samples), "weights_version": v}, v=v)
+
+  @staticmethod
+  def _logprobs_wanted(body: dict, echo: bool, max_tokens: int) -> Optional[int]:
+    """`logprobs` of a completion request: 0 or 1 (the sampled token's logprob; the engine
+    computes no alternatives for sampled tokens), and with `echo` up to TOP_LOGPROBS
+    alternatives for the prompt's tokens when nothing is sampled (max_tokens = 0)."""
+    logprobs = _get(body, "logprobs", int, None, lo=0, hi=TOP_LOGPROBS if echo else None)
+    if logprobs is not None and logprobs > 1 and not (echo and max_tokens == 0):
+      raise ApiError(400, f"'logprobs'={logprobs} is not supported here: the engine computes the "
+                     "sampled token's logprob only (logprobs 0 or 1); alternatives up to "
+                     f"{TOP_LOGPROBS} are served for the prompt's tokens, with echo=true and "
+                     "max_tokens=0 (docs/openai_endpoint.md)", "logprobs")
+    return logprobs
+
+  def _echo(self, choice: dict, job: Job, scores, top: Optional[int]) -> None:
+    """Puts the prompt in front of a completion choice, as echo asks: its text, and with
+    logprobs its tokens' logprobs (the first None: it has no context, as vLLM and OpenAI
+    answer) and, with `top` >= 1, the `top` likeliest tokens at each position plus the prompt's
+    own. The prompt's logprobs are the model's (temperature 1), from `engine.score`."""
+    prompt_text = self.tok.decode(job.prompt)
+    choice["text"] = prompt_text + choice["text"]
+    choice["weights_version"] = max(choice["weights_version"], scores.version)
+    if top is None:
+      return
+    tokens = self._token_strings(job.prompt)
+    lps = [None] + [float(x) for x in scores.logprobs[1:]]
+    tops = None
+    if top:
+      tops = [None]
+      for i in range(1, len(job.prompt)):
+        alts = {}
+        for t, x in [(tokens[i], scores.logprobs[i])] + list(zip(
+            self._token_strings(scores.top_ids[i, :top]), scores.top_logprobs[i, :top])):
+          alts[t] = max(float(x), alts.get(t, -float("inf")))  # two ids may print alike
+        tops.append(alts)
+    sampled = choice["logprobs"]
+    offsets = list(itertools.accumulate([0] + [len(t) for t in tokens]))
+    choice["logprobs"] = {
+        "tokens": tokens + sampled["tokens"],
+        "token_logprobs": lps + sampled["token_logprobs"],
+        "top_logprobs": None if tops is None else tops + sampled["top_logprobs"],
+        "text_offset": offsets[:-1] + [offsets[-1] + o for o in sampled["text_offset"]]}
 
   def _completion_logprobs(self, ids, logprobs, top: int, offset: int) -> dict:
     tokens = self._token_strings(ids)

@@ -255,7 +255,7 @@ def test_http_and_grpc_requests_share_the_slots_at_once(api, grpc, servers, conf
     ("/v1/completions", {"model": "M", "prompt": [5], "temperature": -1}, 400, "'temperature'"),
     ("/v1/completions", {"model": "M", "prompt": [5], "top_p": 0}, 400, "bad sampling"),
     ("/v1/completions", {"model": "M", "prompt": [5], "logprobs": 5}, 400, "'logprobs'"),
-    ("/v1/completions", {"model": "M", "prompt": [5], "echo": True}, 400, "not supported"),
+    ("/v1/completions", {"model": "M", "prompt": [5], "suffix": "x"}, 400, "not supported"),
     ("/v1/completions", {"model": "M", "prompt": [5], "stream": True, "n": 2}, 400, "one choice"),
     ("/v1/chat/completions", {"model": "M", "messages": []}, 400, "'messages'"),
     ("/v1/chat/completions", {"model": "M", "messages": [{"role": "robot", "content": "x"}]},
