@@ -43,6 +43,9 @@ _HTTP_PORT = flags.DEFINE_integer(
     "http_port", None, "With --mode=serve: also serve the OpenAI-compatible HTTP API "
     "(/v1/completions, /v1/chat/completions, /v1/models) on this port, beside gRPC "
     "(docs/openai_endpoint.md).")
+_WEIGHTS = flags.DEFINE_string(
+    "weights", "", "With --mode=serve: what to serve: '' = the config's checkpoint "
+    "(train.init_from), DIR = that Hugging Face checkpoint, 'random' = the seeded random init.")
 _SWEEP = flags.DEFINE_string(
     "sweep", None, "Sweep file (configs/sweeps/X.py[:arg]) whose get_sweep() lists override "
     "dicts: runs --mode once per dict, then writes a comparison table.")

@@ -15,23 +15,25 @@ from models import sharding
 from rl.checkpoint import Checkpointer
 
 
-def init_params(config, shardings=None):
+def init_params(config, shardings=None, path=None):
   """The policy's starting weights: config.train.init_from (a Hugging Face directory, e.g. a
   Qwen3.5 release or the tiny base checkpoint) or, when that is empty, the seeded random init.
   With `shardings` (a Sharding per param) a checkpoint is read straight into those shards, each
-  process reading only its own devices' blocks."""
+  process reading only its own devices' blocks. `path`: another Hugging Face directory to read
+  instead of train.init_from (`--mode=serve --weights=DIR`)."""
   cfg = qwen3_5.config_from_dict(config.model)
-  if not config.train.init_from:
+  what = "config.train.init_from" if path is None else "weights"
+  path = config.train.init_from if path is None else path
+  if not path:
     return qwen3_5.init_params(cfg, jax.random.key(config.seed))
-  path = config.train.init_from
   if not os.path.isdir(path):
-    raise FileNotFoundError(f"config.train.init_from={path!r} is not a directory")
+    raise FileNotFoundError(f"{what}={path!r} is not a directory")
   loaded_cfg = hf_io.read_config(path, dtype=cfg.jnp_param_dtype)
   def shapes(model_cfg):
     return jax.tree.map(lambda x: (x.shape, x.dtype), jax.eval_shape(
         lambda: qwen3_5.init_params(model_cfg, jax.random.key(0))))
   if shapes(loaded_cfg) != shapes(cfg):
-    raise ValueError(f"config.train.init_from={path!r} holds a model of another shape than "
+    raise ValueError(f"{what}={path!r} holds a model of another shape than "
                      f"config.model (checkpoint: hidden {loaded_cfg.hidden_size}, "
                      f"{loaded_cfg.num_hidden_layers} layers, vocab {loaded_cfg.vocab_size})")
   return qwen3_5.load_hf(path, dtype=cfg.jnp_param_dtype, shardings=shardings)[1]

@@ -1,10 +1,14 @@
 """`python launch.py --mode=serve --config=configs/tiny_cpu.py --port=9000`.
 
-Builds the Qwen3.5 engine from the config (random init; params come later by weight sync or
-`build_server(params=...)`), compiles its prefill buckets, and serves JetStream's
+Builds the Qwen3.5 engine from the config with the weights `--weights` names (`load_weights`):
+by default the config's checkpoint, `train.init_from` (configs/tiny_cpu.py: the shipped
+assets/tiny_base); `--weights=DIR` another Hugging Face checkpoint directory; `--weights=random`
+the seeded random init, only when asked (a config with no checkpoint and no --weights is
+refused). It prints which weights it serves, compiles its programs, and serves JetStream's
 Orchestrator gRPC service (token and text requests) until interrupted. With
 `rollout.weights_dir` set, it serves the versions a trainer in another job publishes there
-(rl/rollout/published_weights.py), version -1 (the random init) until the first arrives.
+(rl/rollout/published_weights.py), version -1 (the start weights: the checkpoint, or a random
+init where the config names none) until the first arrives.
 With `--http_port=P` it also serves an OpenAI-compatible HTTP API on P (rl/rollout/openai_http.py,
 docs/openai_endpoint.md), on the same engine slots.
 
@@ -14,13 +18,17 @@ answered ends with an error (gRPC UNAVAILABLE; HTTP 503, or a stream's error eve
 stops ends the process at once.
 """
 import contextlib
+import os
 import signal
 import threading
 import time
 from typing import Optional
 
+from configs.validate import ConfigError
 from rl.rollout import capacity
 from rl.rollout import published_weights
+
+RANDOM_WEIGHTS = "random"  # --weights=random: serve the seeded random init
 
 
 def build_server(config, params=None, port: Optional[int] = None, warmup: Optional[bool] = None,
@@ -38,6 +46,47 @@ def build_server(config, params=None, port: Optional[int] = None, warmup: Option
     engine.warmup()
   port = config.rollout.port if port is None else port
   return RolloutServer(engine, port=port, threads=config.rollout.rpc_threads or None).start()
+
+
+def load_weights(config, weights: str = "") -> tuple:
+  """(params, what) that `--mode=serve` starts from; params None = the seeded random init (the
+  engine draws it on its own devices).
+
+  `weights`: "" = the config's checkpoint (`train.init_from`, a Hugging Face directory); a
+  directory = that checkpoint; "random" = the random init. A config with no checkpoint serves
+  a random init only where asked (or, with `rollout.weights_dir`, as the placeholder until a
+  trainer publishes); otherwise ConfigError. A checkpoint is read straight into the shards of
+  the engine's mesh when it has one.
+  """
+  until = (f", until the first version published in {config.rollout.weights_dir}"
+           if config.rollout.weights_dir else "")
+  if weights == RANDOM_WEIGHTS:
+    return None, f"a random init (seed {config.seed}; --weights=random){until}"
+  path = weights or config.train.init_from
+  if not path:
+    if config.rollout.weights_dir:
+      return None, f"a random init (seed {config.seed}; train.init_from is empty){until}"
+    raise ConfigError("--mode=serve: no weights to serve: train.init_from is empty. Pass "
+                      "--weights=DIR (a Hugging Face checkpoint directory), set "
+                      "--config.train.init_from=DIR, or --weights=random for the seeded "
+                      "random init")
+  import jax  # lazy: the serve job's own imports, after the config is known
+  from models import qwen3_5
+  from models import sharding
+  from rl import params_io
+  from rl.rollout.engine import engine_mesh  # lazy: JetStream, only when a server is built
+  mesh, rules = engine_mesh(config)
+  shardings = None
+  if mesh is not None:
+    cfg = qwen3_5.config_from_dict(config.model)
+    shapes = jax.eval_shape(lambda: qwen3_5.init_params(cfg, jax.random.key(0)))
+    shardings = sharding.tree_shardings(qwen3_5.param_axes(cfg), shapes, mesh, rules)
+  try:
+    params = params_io.init_params(config, shardings, path=path)
+  except (FileNotFoundError, ValueError) as e:
+    raise ConfigError(f"--mode=serve: {e}") from e
+  source = "--weights" if weights else "train.init_from"
+  return params, f"{os.path.abspath(path)} ({source}){until}"
 
 
 def start_http(server, config, port: int):
@@ -87,7 +136,9 @@ def main(config, flags=None):
         f"{p.context_len} tokens; {p.per_engine} sequences fit this engine; "
         f"slots = {capacity.engine_slots(config)}", flush=True)
   weights_dir = config.rollout.weights_dir
-  server = build_server(config, port=port,
+  params, what = load_weights(config, getattr(flags, "weights", "") or "")
+  print(f"serving weights: {what}", flush=True)
+  server = build_server(config, params=params, port=port,
                         initial_version=published_weights.UNLOADED if weights_dir else 0)
   front = start_http(server, config, http_port) if http_port is not None else None
   watcher = None

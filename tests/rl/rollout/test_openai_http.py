@@ -413,7 +413,7 @@ def _wait_until(what, deadline):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_launch_serves_both_fronts_and_a_signal_stops_it_within_10s_with_32_streams_open(
     tmp_path, sig):
-  """`launch.py --mode=serve --http_port=0` (random init, tiny shapes): both fronts answer the
+  """`launch.py --mode=serve --http_port=0` (the shipped tiny base): both fronts answer the
   same ids; then, with 32 streams open (4 gRPC, 28 HTTP; 8 decoding in the slots, the rest
   queued), Ctrl-C (SIGINT, delivered to a worker thread) or SIGTERM ends the process with code 0
   within 10 s, and every stream got either its whole answer or an error saying the server stops
