@@ -162,6 +162,9 @@ def _load_cuda_plugin() -> None:
     plugin = importlib.import_module("jax_plugins.xla_cuda12")
   except ImportError as e:
     raise RuntimeError(f"the CUDA plugin is not installed (looked in {GPU_COMPILER_DIR})") from e
+  # Compiling needs no CUDA runtime: the plugin's check of the installed CUDA libraries would
+  # refuse to load without them unless JAX_PLATFORMS already leaves CUDA out.
+  os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
   plugin.initialize()
 
 

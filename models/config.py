@@ -4,9 +4,12 @@
 from the `config.model` section of an ml_collections config (`from_config_dict`) or from a
 Hugging Face `config.json` (`from_hf_dict`), and written back by `to_hf_text_dict`.
 """
+import contextlib
 import dataclasses
+import threading
 from typing import Any, Mapping
 
+import jax
 import jax.numpy as jnp
 
 LINEAR = "linear_attention"
@@ -241,3 +244,25 @@ def to_hf_text_dict(cfg: ModelConfig) -> dict[str, Any]:
   else:
     d.update(intermediate_size=cfg.intermediate_size)
   return d
+
+# The platform the model is traced for. Per-backend "auto" settings (the MoE dispatch, the
+# Gated DeltaNet chunk, the attention implementation and causal blocks) follow it. It is JAX's
+# default backend, except inside `compiling_for`: the compile mode traces on a CPU for TPU or
+# GPU devices (rl/compile_job.py), and must choose what the run on those devices would.
+_TARGET = threading.local()
+
+
+@contextlib.contextmanager
+def compiling_for(platform: str):
+  """Within this context `platform()` is `platform` ("tpu", "gpu", "cpu")."""
+  previous = getattr(_TARGET, "platform", None)
+  _TARGET.platform = platform
+  try:
+    yield
+  finally:
+    _TARGET.platform = previous
+
+
+def platform() -> str:
+  """The platform the model is being traced for (see `compiling_for`)."""
+  return getattr(_TARGET, "platform", None) or jax.default_backend()

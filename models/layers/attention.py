@@ -10,6 +10,7 @@ Params (shapes with logical names):
 import jax
 import jax.numpy as jnp
 
+from models import config as config_lib
 from models.config import ModelConfig
 from models.layers import common
 from models.layers import norm
@@ -72,7 +73,7 @@ def resolve_impl(cfg: ModelConfig, backend: str | None = None) -> str:
   TPU, "xla".
   """
   impl = cfg.attention_impl
-  backend = backend or jax.default_backend()
+  backend = backend or config_lib.platform()
   half = cfg.jnp_dtype in (jnp.bfloat16, jnp.float16)
   if impl == "auto":
     if backend == "cpu":

@@ -23,6 +23,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from models import config as config_lib
 from models.config import ModelConfig
 from models.layers import common
 from models.layers import norm
@@ -150,7 +151,7 @@ AUTO_CHUNK = {"cpu": 32}
 def chunk_size(cfg: ModelConfig, backend: str | None = None) -> int:
   """The chunk length of the chunked delta rule for `cfg.gdn_chunk_size` (-1 = auto)."""
   if cfg.gdn_chunk_size == -1:
-    return AUTO_CHUNK.get(backend or jax.default_backend(), 64)
+    return AUTO_CHUNK.get(backend or config_lib.platform(), 64)
   return cfg.gdn_chunk_size
 
 

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 from jax.sharding import PartitionSpec
 
+from models import config as config_lib
 from models import sharding
 from models.config import ModelConfig
 from models.layers import common
@@ -118,7 +119,7 @@ def resolve_dispatch(dispatch: str, backend: str | None = None) -> str:
     raise ValueError(f"model.moe_dispatch must be one of {DISPATCHES}, got {dispatch!r}")
   if dispatch != "auto":
     return dispatch
-  return AUTO_DISPATCH.get(backend or jax.default_backend(), "blocked")
+  return AUTO_DISPATCH.get(backend or config_lib.platform(), "blocked")
 
 
 def block_size(num_pairs: int, num_experts: int, max_block: int) -> int:

@@ -62,6 +62,9 @@ _SEED_MASK = 0xFFFF_FFFF_FFFF_FFFF
 # The error type of a request the server ends unanswered (or refuses) because it is stopping:
 # HTTP 503, or a stream's last event before [DONE].
 SHUTTING_DOWN = "server_shutting_down"
+# A tool call's opening in the Qwen3.5 format; in text without `<tool_call>` tags it is a call
+# the parser refuses (ChatFormat.parse).
+_FUNCTION_TAG = "<function="
 
 
 class ApiError(Exception):
@@ -259,6 +262,7 @@ class OpenAIFront:
     self.tok = chat_tokenizer.from_config(config.tokenizer)
     self.thinking = bool(config.tokenizer.thinking)
     self._formats = {t: ChatFormat(self.tok, t) for t in (True, False)}
+    self._control_ids = frozenset(self.tok.added_tokens())
     self.stop_ids = tuple(int(i) for i in self.engine.stop_ids) or self._formats[True].stop_ids
     self.model_name = model_name or str(config.name)
     self.created = int(time.time())
@@ -693,6 +697,7 @@ class OpenAIFront:
         body, "max_tokens", int, max(budget, 1), lo=1)
     want_lp = _get(body, "logprobs", bool, False)
     want_ids = _get(body, "return_token_ids", bool, False)
+    keep_special = not _get(body, "skip_special_tokens", bool, True)
     stop_ids, stop_texts = self._stops(body, fmt.stop_ids)
     sampling = self._sampling(body)
     jobs = [Job(prompt, max_tokens, self._seeded(sampling, i), stop_ids, stop_texts)
@@ -702,11 +707,12 @@ class OpenAIFront:
     self._check(jobs)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if _get(body, "stream", bool, False):
-      return self._stream_chat(body, fmt, jobs, schemas, rid, created, want_lp, want_ids)
+      return self._stream_chat(body, fmt, jobs, schemas, rid, created, want_lp, want_ids,
+                               keep_special)
     samples = await self._generate_all(request, jobs)
     choices = []
     for i, (job, s) in enumerate(zip(jobs, samples)):
-      message, finish = self._assistant_message(fmt, s, job, schemas)
+      message, finish = self._assistant_message(fmt, s, job, schemas, keep_special)
       c = {"index": i, "message": message, "finish_reason": finish, "logprobs": None,
            "weights_version": s.version}
       if want_lp:
@@ -725,51 +731,82 @@ class OpenAIFront:
     return [{"token": t, "logprob": float(x), "bytes": list(t.encode("utf-8")),
              "top_logprobs": []} for t, x in zip(self._token_strings(ids), logprobs)]
 
-  def _split_turn(self, fmt: ChatFormat, ids: Sequence[int], upto_call: bool) -> tuple:
-    """(reasoning, text after it) of sampled ids without their stop id; with `upto_call`
-    the text ends before the first tool call. With thinking on, a turn that has not closed
-    its think block yet is all reasoning."""
+  def _decode(self, ids: Sequence[int], keep_special: bool) -> str:
+    """Text of `ids`; without `keep_special` the control tokens (`<|im_start|>`, `<tool_call>`,
+    ...) are left out, as vLLM's `skip_special_tokens` does by default."""
+    if not keep_special:
+      ids = [i for i in ids if i not in self._control_ids]
+    return self.tok.decode(ids)
+
+  def _turn_view(self, fmt: ChatFormat, ids: Sequence[int], schemas, keep_special: bool,
+                 final: bool) -> dict:
+    """What a sampled assistant turn (ids without their stop id) shows a client: reasoning,
+    content, tool calls and a tool-call error. A tool call's text is never content: a call the
+    parser (ChatFormat.parse, the harness's) reads is returned in `calls`; one it cannot read,
+    or any call under tool_choice "none" (`schemas` None), is reported in `error` ({"message":
+    why, "text": the call as sampled}) and the content ends before it. Unfinished (`final`
+    False), the content ends before the first call, which may still be forming."""
     ids = list(ids)
     reasoning: list = []
     if fmt.sp.think_end in ids:
       cut = ids.index(fmt.sp.think_end)
       reasoning, ids = ids[:cut], ids[cut + 1:]
     elif fmt.thinking:
-      reasoning, ids = ids, []
-    if upto_call and fmt.sp.tool_call in ids:
-      ids = ids[:ids.index(fmt.sp.tool_call)]
-    return self.tok.decode(reasoning), self.tok.decode(ids)
-
-  def _assistant_message(self, fmt: ChatFormat, s: Sample, job: Job, schemas) -> tuple:
-    """(message, finish_reason) of a sampled turn: reasoning, content and the tool calls the
-    harness's parser (ChatFormat.parse) reads in it. A malformed call leaves the text as
-    sampled in `content`, with the parser's reason in `tool_call_error`."""
-    ids = self._sampled(s, job)
-    reasoning, text = self._split_turn(fmt, ids, upto_call=False)
-    content, calls, error = text.strip(), [], None
-    if schemas is not None and (fmt.sp.think_end in ids or not fmt.thinking):
+      reasoning, ids = ids, []   # the think block is still open: all of it is reasoning
+    markers = (fmt.sp.tool_call, fmt.sp.tool_call_end)
+    first = next((k for k, i in enumerate(ids) if i in markers), len(ids))
+    head = self._decode(ids[:first], keep_special)
+    bare = head.find(_FUNCTION_TAG)   # a call written without its <tool_call> tags
+    view = {"reasoning": self._decode(reasoning, keep_special).strip(),
+            "content": head if bare < 0 else head[:bare], "calls": [], "error": None}
+    if first == len(ids) and bare < 0:
+      view["content"] = view["content"].strip()
+      return view
+    if not final:
+      return view
+    raw = (head[bare:] if bare >= 0 else "") + self.tok.decode(ids[first:])
+    if schemas is None:
+      view["error"] = {"message": "the turn holds a tool call, not parsed: tool_choice is "
+                                  "'none'", "text": raw.strip()}
+    else:
       turn = fmt.parse(ids, schemas)
       if turn.error is None:
-        content = turn.content
-        calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                  "function": {"name": c.name,
-                               "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
-                 for c in turn.tool_calls]
+        outside, inside = [], False
+        for i in ids:
+          if i in markers:
+            inside = i == fmt.sp.tool_call
+          elif not inside:
+            outside.append(i)
+        view["content"] = self._decode(outside, keep_special)
+        view["calls"] = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                          "function": {"name": c.name, "arguments": json.dumps(
+                              c.arguments, ensure_ascii=False)}} for c in turn.tool_calls]
       else:
-        error = turn.error.reason
+        view["error"] = {"message": turn.error.reason, "text": raw.strip()}
+    view["content"] = view["content"].strip()
+    return view
+
+  def _assistant_message(self, fmt: ChatFormat, s: Sample, job: Job, schemas,
+                         keep_special: bool) -> tuple:
+    """(message, finish_reason) of a sampled turn: reasoning, content and the tool calls the
+    harness's parser reads in it, or `tool_call_error` for a call it cannot read (the content
+    then ends before the call; `_turn_view`)."""
+    view = self._turn_view(fmt, self._sampled(s, job), schemas, keep_special, final=True)
+    content, calls = view["content"], view["calls"]
     cut = _cut_at_stop(content, job.stop_texts)
     content = content if cut is None else content[:cut]
     message = {"role": "assistant", "content": content or (None if calls else "")}
-    if reasoning.strip():
-      message["reasoning_content"] = reasoning.strip()
+    if view["reasoning"]:
+      message["reasoning_content"] = view["reasoning"]
     if calls:
       message["tool_calls"] = calls
-    if error:
-      message["tool_call_error"] = error
+    if view["error"]:
+      message["tool_call_error"] = view["error"]
     finish = "tool_calls" if calls and s.finish == orchestrator.FINISH_STOP else s.finish
     return message, finish
 
-  def _stream_chat(self, body, fmt, jobs, schemas, rid, created, want_lp, want_ids):
+  def _stream_chat(self, body, fmt, jobs, schemas, rid, created, want_lp, want_ids,
+                   keep_special):
     job = self._one_stream(jobs)
     usage = bool((_get(body, "stream_options", dict, {}) or {}).get("include_usage"))
     head = {"id": rid, "object": "chat.completion.chunk", "created": created,
@@ -782,28 +819,34 @@ class OpenAIFront:
       return _event(dict(head, choices=[c], weights_version=s.version))
 
     async def events():
-      sent = {"reasoning_content": 0, "content": 0}
+      sent = {"reasoning_content": "", "content": ""}
       first = True
       async for s in self._run(job):
-        message, finish = (self._assistant_message(fmt, s, job, schemas) if s.finish
-                           else ({}, None))
-        calls = message.get("tool_calls")
-        # Text up to the first tool call while sampling; once done, a turn without parsed
-        # calls sends the rest as sampled (a malformed call, tool_choice "none").
-        reasoning, visible = self._split_turn(fmt, self._sampled(s, job),
-                                              upto_call=not s.finish or bool(calls))
-        cut = _cut_at_stop(visible, job.stop_texts)
-        visible = visible if cut is None else visible[:cut]
-        if not s.finish:
-          visible = visible[:len(visible) - _hold_back(visible, job.stop_texts)]
-          reasoning = reasoning[:len(reasoning) - _hold_back(reasoning, ())]
+        message, finish = (self._assistant_message(fmt, s, job, schemas, keep_special)
+                           if s.finish else ({}, None))
+        if s.finish:
+          shown = {"reasoning_content": message.get("reasoning_content", ""),
+                   "content": message.get("content") or ""}
+        else:
+          # Text up to the first tool call, less a tail that may still change: an incomplete
+          # character, the start of a stop string or of a call written without its tags.
+          view = self._turn_view(fmt, self._sampled(s, job), schemas, keep_special,
+                                 final=False)
+          cut = _cut_at_stop(view["content"], job.stop_texts)
+          visible = view["content"] if cut is None else view["content"][:cut]
+          visible = visible[:len(visible) - _hold_back(visible, job.stop_texts
+                                                       + (_FUNCTION_TAG,))]
+          reasoning = view["reasoning"]
+          shown = {"reasoning_content": reasoning[:len(reasoning) - _hold_back(reasoning, ())],
+                   "content": visible.lstrip()}
         delta = {"role": "assistant"} if first else {}
         first = False
-        for key, text in (("reasoning_content", reasoning), ("content", visible)):
-          if len(text) > sent[key]:
-            delta[key], sent[key] = text[sent[key]:], len(text)
-        if calls:
-          delta["tool_calls"] = [dict(c, index=k) for k, c in enumerate(calls)]
+        for key, text in shown.items():
+          # Only what extends the text sent so far (the final text is stripped).
+          if text.startswith(sent[key]) and len(text) > len(sent[key]):
+            delta[key], sent[key] = text[len(sent[key]):], text
+        if message.get("tool_calls"):
+          delta["tool_calls"] = [dict(c, index=k) for k, c in enumerate(message["tool_calls"])]
         if "tool_call_error" in message:
           delta["tool_call_error"] = message["tool_call_error"]
         extra = {}

@@ -217,6 +217,54 @@ def test_chat_completion_parses_the_models_tool_call(api, grpc, config, fmt):
       (t.function.name, t.function.arguments) for t in c.message.tool_calls]
 
 
+def _streamed_chat(api, **body):
+  """(content joined from a streamed chat's deltas, its last chunk's choice)."""
+  chunks = list(api.chat.completions.create(stream=True, **body))
+  text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+  return text, chunks[-1].choices[0]
+
+
+def test_chat_content_holds_no_control_token_unless_asked_and_never_a_tool_calls_text(
+    api, config, fmt):
+  """The tiny base calls a tool, then (its stop id ignored) writes on past `<|im_end|>` into a
+  made-up next turn: the call is parsed, and the text after it comes without control tokens
+  (with them when `skip_special_tokens` is false), streamed or not."""
+  task, tools = _level1_chat(config)
+  body = dict(model=config.name, messages=[{"role": "user", "content": task.prompt}],
+              tools=tools, temperature=0.0, max_tokens=90)
+  r = api.chat.completions.create(**body, extra_body={"ignore_eos": True,
+                                                      "return_token_ids": True})
+  c = r.choices[0]
+  assert fmt.sp.im_end in c.token_ids and fmt.sp.im_start in c.token_ids   # sampled, as text
+  assert c.message.tool_calls and c.message.content
+  assert not any(s in c.message.content for s in fmt.tok.control_strings), c.message.content
+  assert "<function=" not in c.message.content
+  streamed, last = _streamed_chat(api, **body, extra_body={"ignore_eos": True})
+  assert streamed == c.message.content and last.delta.tool_calls
+  kept = api.chat.completions.create(**body, extra_body={"ignore_eos": True,
+                                                         "skip_special_tokens": False})
+  content = kept.choices[0].message.content
+  assert "<|im_start|>" in content and "<function=" not in content, content
+  assert kept.choices[0].message.tool_calls
+
+
+def test_a_tool_call_the_parser_cannot_read_is_a_structured_error_not_content(api, config):
+  """A call cut by max_tokens (never closed), and any call under tool_choice "none", come back
+  as `tool_call_error` {message, text}: the content ends before the call, streamed or not."""
+  task, tools = _level1_chat(config)
+  body = dict(model=config.name, messages=[{"role": "user", "content": task.prompt}],
+              tools=tools, temperature=0.0)
+  for extra, why in [(dict(max_tokens=12), "not closed"),
+                     (dict(max_tokens=72, tool_choice="none"), "tool_choice is 'none'")]:
+    r = api.chat.completions.create(**body, **extra)
+    m = r.choices[0].message
+    assert not m.tool_calls and m.content == "", m
+    assert why in m.tool_call_error["message"] and m.tool_call_error["text"].startswith(
+        "<tool_call>\n<function="), m.tool_call_error
+    streamed, last = _streamed_chat(api, **body, **extra)
+    assert streamed == "" and last.delta.tool_call_error == m.tool_call_error
+
+
 def test_http_and_grpc_requests_share_the_slots_at_once(api, grpc, servers, config):
   """12 requests, 6 over each front, on 4 slots: every one samples what it samples alone."""
   seeds = list(range(100, 112))
