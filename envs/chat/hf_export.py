@@ -11,6 +11,7 @@ the two token for token.
 """
 import json
 import os
+import re
 from typing import Any, Mapping
 
 from envs.chat import tokenizer as tok_lib
@@ -42,12 +43,39 @@ def qwen3_5_chat_template() -> str:
     return f.read()
 
 
+# The published template writes a tool call's arguments with `tool_call.arguments|items`, which
+# fails (a TypeError in transformers) on arguments given as a JSON string, the OpenAI wire form
+# clients send. The export renders such a string as the same arguments given as a mapping
+# (`json_arguments.jinja`'s macros, prepended; docs/hf_export.md).
+JSON_ARGUMENTS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                   "json_arguments.jinja")
+_ARGUMENTS_LOOP = "{%- for args_name, args_value in tool_call.arguments|items %}"
+_ARGUMENTS_IF = "{%- if tool_call.arguments is defined %}"
+
+
+def with_json_string_arguments(template: str) -> str:
+  """`template` taking tool-call arguments as a JSON string too, rendered as the same mapping:
+  the published template's `arguments` loop guarded by a branch for strings. A template that
+  lacks that loop, or already has the branch, is returned as it is."""
+  with open(JSON_ARGUMENTS_PATH, encoding="utf-8", newline="") as f:
+    macros = f.read()
+  hook = re.search(re.escape(_ARGUMENTS_IF) + r"\s*" + re.escape(_ARGUMENTS_LOOP), template)
+  if hook is None or "qwen35rl_json_arguments" in template:
+    return template
+  branch = ("{%- if tool_call.arguments is defined and tool_call.arguments is string %}"
+            "{{- qwen35rl_json_arguments(tool_call.arguments) }}"
+            "{%- elif tool_call.arguments is defined %}")
+  at = hook.start()
+  return macros + template[:at] + branch + template[at + len(_ARGUMENTS_IF):]
+
+
 def chat_template(tokenizer: Tokenizer) -> str:
-  """The template an export carries: the source checkpoint's own, else Qwen3.5's."""
+  """The template an export carries: the source checkpoint's own, else Qwen3.5's, taking
+  tool-call arguments as a JSON string as well as a mapping (`with_json_string_arguments`)."""
   own = tokenizer.config.get("chat_template")
   if isinstance(own, str) and own:
-    return own
-  return qwen3_5_chat_template()
+    return with_json_string_arguments(own)
+  return with_json_string_arguments(qwen3_5_chat_template())
 
 
 def _token(tok) -> dict[str, Any]:

@@ -71,8 +71,14 @@ def tools_system_text(tools: Sequence[Mapping[str, Any]], system_prompt: str = "
   return text
 
 
-def format_arguments(arguments: Mapping[str, Any]) -> str:
-  """`<parameter=ARG>\\nVALUE\\n</parameter>\\n` per argument: strings raw, the rest JSON."""
+def format_arguments(arguments: Mapping[str, Any] | str) -> str:
+  """`<parameter=ARG>\\nVALUE\\n</parameter>\\n` per argument: strings raw, the rest JSON.
+  `arguments` may be a JSON object as a string (the OpenAI wire form): read as that mapping."""
+  if isinstance(arguments, str):
+    arguments = json.loads(arguments) if arguments.strip() else {}
+    if not isinstance(arguments, dict):
+      raise ValueError("tool-call arguments must be a JSON object, got "
+                       f"{type(arguments).__name__}")
   out = []
   for name, value in arguments.items():
     value = value if isinstance(value, str) else tojson(value)
@@ -92,7 +98,8 @@ def assistant_text(content: str = "", tool_calls: Sequence[Mapping[str, Any]] = 
 
   Args:
     content: the visible answer (trimmed, as the template does).
-    tool_calls: `{"name", "arguments"}` dicts.
+    tool_calls: `{"name", "arguments"}` dicts, or OpenAI's `{"function": {"name",
+      "arguments"}}`; arguments a mapping or a JSON object as a string.
     reasoning: the thinking text; None when the turn was generated with thinking off (the
       prompt then already holds the empty think block).
   """
@@ -102,6 +109,7 @@ def assistant_text(content: str = "", tool_calls: Sequence[Mapping[str, Any]] = 
     text += reasoning.strip() + "\n" + THINK_END + "\n\n"
   text += content
   for i, call in enumerate(tool_calls):
+    call = call.get("function", call)
     sep = ("\n\n" if content else "") if i == 0 else "\n"
     text += sep + format_tool_call(call["name"], call.get("arguments") or {})
   return text

@@ -14,7 +14,14 @@ that this, and nothing else, is the difference:
      parser would take for strings.
   C. A system message with no text and no tools adds no system turn; the template writes an
      empty one.
+
+Exports carry the published template with one addition (envs/chat/hf_export.py,
+`with_json_string_arguments`): tool-call arguments given as a JSON string, the OpenAI wire
+form, render as the same arguments given as a mapping (the published template raises a
+TypeError on a string).
 """
+import json
+
 import hashlib
 
 import pytest
@@ -108,10 +115,63 @@ def _published(hf, messages, tools, thinking, gen):
   return text, list(ids)
 
 
-def test_the_template_is_the_published_one_verbatim(toks):
+def test_the_template_is_the_published_one_verbatim_with_json_string_arguments_added(toks):
   text = hf_export.qwen3_5_chat_template()
   assert hashlib.sha256(text.encode()).hexdigest() == hf_export.QWEN3_5_CHAT_TEMPLATE_SHA256
-  assert toks[1].chat_template == text
+  exported = toks[1].chat_template
+  assert exported == hf_export.with_json_string_arguments(text) != text
+  assert hf_export.with_json_string_arguments(exported) == exported   # applied once
+  # The published template, less the prepended macros and the one branch added for strings.
+  elif_ = "{%- elif tool_call.arguments is defined %}"
+  branch = exported[exported.index("{%- if tool_call.arguments is defined and"):]
+  branch = branch[:branch.index(elif_) + len(elif_)]
+  assert exported[exported.index("{%- set image_count"):].replace(
+      branch, "{%- if tool_call.arguments is defined %}") == text
+  with pytest.raises(TypeError, match="mapping"):   # what a string did before
+    transformers.AutoTokenizer.from_pretrained(
+        toks[1].name_or_path, chat_template=text).apply_chat_template(
+            _with_arguments('{"path": "/a.pdf"}'), tokenize=False)
+
+
+def _with_arguments(arguments):
+  """A conversation whose one tool call (OpenAI's form) carries `arguments` as given."""
+  return [TASK, {"role": "assistant", "content": "", "tool_calls": [
+      {"id": "call_1", "type": "function",
+       "function": {"name": "mail_send_message", "arguments": arguments}}]},
+          {"role": "tool", "tool_call_id": "call_1", "content": "sent"}]
+
+
+# Every kind of value, and text a JSON writer escapes (quotes, backslashes, newlines, tabs,
+# non-ASCII within and beyond the BMP).
+ARGUMENTS = {"to": ["zoë@x.com", "b@y.org"], "subject": 'Q3 — 日本語 "quoted" \\ a/b',
+             "body": "line 1\n  line 2\n\ttab 😀", "count": 7, "neg": -12, "ratio": 0.25,
+             "whole": 2.0, "tiny": -3e-05, "huge": 1e20, "big": 12345678901234567890,
+             "urgent": True, "cc": None, "empty_text": "", "empty": {}, "none_here": [],
+             "meta": {"rows": [1, 2.5, -3e-05, True, None], "note": "é", "deep": {"x": [[]]}}}
+
+
+@pytest.mark.parametrize("dumps", [
+    dict(), dict(ensure_ascii=False), dict(separators=(",", ":")), dict(indent=2)],
+    ids=["json_dumps", "ensure_ascii_false", "compact", "indented"])
+def test_json_string_arguments_render_the_same_tokens_as_the_mapping(toks, dumps):
+  """transformers' apply_chat_template on the exported template: arguments as a JSON string
+  (however a client wrote it) give the ids of the same arguments as a mapping; our own
+  rendering (ChatFormat.render_ids) reads the string as that mapping too."""
+  ours, hf = toks
+  as_mapping = _published(hf, _with_arguments(ARGUMENTS), TOOLS, False, True)
+  as_string = _published(hf, _with_arguments(json.dumps(ARGUMENTS, **dumps)), TOOLS, False, True)
+  assert as_string == as_mapping
+  assert "<parameter=body>\nline 1\n  line 2\n\ttab 😀\n</parameter>" in as_mapping[0]
+  fmt = ChatFormat(ours, thinking=False)
+  assert fmt.render_ids(_with_arguments(json.dumps(ARGUMENTS, **dumps)), TOOLS) == (
+      fmt.render_ids(_with_arguments(ARGUMENTS), TOOLS))
+
+
+def test_empty_json_string_arguments_render_as_no_arguments(toks):
+  _, hf = toks
+  none = _published(hf, _with_arguments({}), TOOLS, False, True)
+  assert _published(hf, _with_arguments("{}"), TOOLS, False, True) == none
+  assert _published(hf, _with_arguments(""), TOOLS, False, True) == none
 
 
 @pytest.mark.parametrize("name", sorted(SAME))

@@ -101,7 +101,8 @@ def test_directory_holds_a_text_config_the_tokenizer_and_generation_defaults(exp
   assert type(transformers.AutoConfig.from_pretrained(exported)).__name__ == "Qwen3_5MoeTextConfig"
   with open(os.path.join(exported, "tokenizer_config.json")) as f:
     tok_config = json.load(f)
-  assert tok_config["chat_template"] == hf_export.qwen3_5_chat_template()
+  assert tok_config["chat_template"] == hf_export.with_json_string_arguments(
+      hf_export.qwen3_5_chat_template())
   assert (tok_config["eos_token"], tok_config["pad_token"]) == ("<|im_end|>", "<|endoftext|>")
   with open(os.path.join(exported, "generation_config.json")) as f:
     gen = json.load(f)
