@@ -24,7 +24,12 @@ import threading
 import time
 from typing import Optional
 
+import jax
+
 from configs.validate import ConfigError
+from models import qwen3_5
+from models import sharding
+from rl import params_io
 from rl.rollout import capacity
 from rl.rollout import published_weights
 
@@ -70,10 +75,6 @@ def load_weights(config, weights: str = "") -> tuple:
                       "--weights=DIR (a Hugging Face checkpoint directory), set "
                       "--config.train.init_from=DIR, or --weights=random for the seeded "
                       "random init")
-  import jax  # lazy: the serve job's own imports, after the config is known
-  from models import qwen3_5
-  from models import sharding
-  from rl import params_io
   from rl.rollout.engine import engine_mesh  # lazy: JetStream, only when a server is built
   mesh, rules = engine_mesh(config)
   shardings = None
