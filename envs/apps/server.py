@@ -2,6 +2,12 @@
 
   python -m envs.apps.server --world_dir <working copy> --envs_json '<config.envs as JSON>'
       [--style mcp|shell]
+  python /path/to/repo/envs/apps/server.py --world_dir DIR --envs_json '{}'   # from anywhere
+
+Run as a file it finds the project from its own path, so any MCP client (MCP Inspector, an
+agent SDK) can start it from any working directory with the project's interpreter. `--envs_json`
+holds the envs keys to change: every key it does not give has the project's default
+(configs/base.py's `envs`), so '{}' serves a world with the defaults.
 
 Tool names carry their app as prefix (`spreadsheets_read_sheet`, `mail_send_message`, ...);
 with --style shell the server serves the shell tools over the world's folder instead (bash,
@@ -9,7 +15,8 @@ read, write, edit, glob, grep; envs.apps.shell_tools), the same way.
 Each call runs in a worker thread under a server-side time limit (mcp has none of its own),
 and its text is cut to `tool_output_chars`. Failures come back as is_error results whose text
 starts with "[kind]" (see envs.apps.tools.ToolFailure): the tools' own kinds, `bad_argument` for
-arguments the input schema refuses (missing, mistyped) and `unknown_tool`. The server reports
+arguments the input schema refuses (missing, mistyped) or the tool does not take (named), and
+`unknown_tool`. The server reports
 the project's version (pyproject.toml) and advertises only what it serves: tools, a fixed list
 (no prompts, resources or subscriptions). The server's `instructions` carry the
 world id and the sandbox isolation level, which the server also logs to stderr at start (unless
@@ -23,7 +30,10 @@ import logging
 import os
 import sys
 
-import ml_collections
+if not __package__:  # run as a file: the project's root instead of this file's folder
+  sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import ml_collections  # pylint: disable=wrong-import-position
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.exceptions import UnexpectedToolError
@@ -50,7 +60,14 @@ class WorldServer(MCPServer):
 
   tool_names: frozenset = frozenset()  # the tools it serves (build_server sets them)
 
+  world_tools = None  # the tool set it serves (build_server sets it)
+
   async def call_tool(self, name, arguments, context=None):
+    if name in self.tool_names:
+      try:  # the input schema's model would drop an argument it does not know
+        tools_lib.check_arguments(self.world_tools, name, arguments)
+      except tools_lib.ToolFailure as e:
+        raise ToolError(str(e)) from None
     try:
       return await super().call_tool(name, arguments, context)
     except UnexpectedToolError as e:
@@ -124,15 +141,31 @@ def build_server(world_dir: str, envs_cfg, style: str = "mcp") -> WorldServer:
   return server
 
 
+def envs_config(given: dict) -> ml_collections.ConfigDict:
+  """config.envs: the project's defaults (configs/base.py) with the keys `given` sets, nested
+  sections merged key by key (a key the defaults lack is kept as given)."""
+  from configs import base  # lazy: only the command line needs the defaults
+
+  def merge(into: dict, over: dict) -> dict:
+    for k, v in over.items():
+      into[k] = merge(dict(into[k]), v) if isinstance(v, dict) and isinstance(
+          into.get(k), dict) else v
+    return into
+  if not isinstance(given, dict):
+    raise SystemExit(f"--envs_json must be a JSON object, got {type(given).__name__}")
+  return ml_collections.ConfigDict(merge(base.get_config().envs.to_dict(), given))
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser()
   ap.add_argument("--world_dir", required=True)
-  ap.add_argument("--envs_json", required=True, help="config.envs as JSON")
+  ap.add_argument("--envs_json", default="{}",
+                  help="config.envs keys as JSON; the rest keep the project's defaults")
   ap.add_argument("--quiet", action="store_true", help="no start line on stderr")
   ap.add_argument("--style", default="mcp", choices=shell_tools.STYLES,
                   help="tool set: the app tools (mcp) or the shell tools (shell)")
   args = ap.parse_args(argv)
-  envs_cfg = ml_collections.ConfigDict(json.loads(args.envs_json))
+  envs_cfg = envs_config(json.loads(args.envs_json))
   logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
   server = build_server(args.world_dir, envs_cfg, args.style)
   if not args.quiet:

@@ -12,6 +12,7 @@ world is a matter of restoring files (see `envs.apps.worldstate`).
 """
 import datetime
 import fnmatch
+import inspect
 import json
 import os
 import re
@@ -405,11 +406,25 @@ class WorldTools:
     return dispatch(self, name, args)
 
 
+def check_arguments(tools, name: str, args) -> None:
+  """Raises ToolFailure `bad_argument` naming every argument of `args` that tool `name` of a
+  tool set does not take (a misspelt or invented one is refused, never silently dropped)."""
+  params = inspect.signature(getattr(tools, name)).parameters
+  if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+    return
+  unknown = [a for a in (args or {}) if a not in params]
+  if unknown:
+    raise ToolFailure("bad_argument", f"{name}: unknown argument{'s' if len(unknown) > 1 else ''} "
+                      f"{', '.join(repr(a) for a in unknown)}; {name} takes "
+                      f"{', '.join(params) or 'no arguments'}")
+
+
 def dispatch(tools, name: str, args: dict) -> str:
   """Runs tool `name` of a tool set (its TOOL_NAMES, lock and cancel event) with `args`; every
   failure is a ToolFailure of the taxonomy."""
   if name not in tools.TOOL_NAMES:
     raise ToolFailure("unknown_tool", f"no tool {name!r}")
+  check_arguments(tools, name, args)
   try:
     with tools.lock:
       tools.cancel.clear()

@@ -107,6 +107,42 @@ def test_every_error_text_starts_with_its_kind(world, name, args, kind, needle):
   assert "Error executing tool" not in r.text
 
 
+def test_server_runs_from_any_directory_with_default_envs_and_names_unknown_arguments(
+    world, tmp_path):
+  """`python <repo>/envs/apps/server.py --envs_json '{}'`, started by an MCP client in a folder
+  outside the repository with no PYTHONPATH, serves the world with the project's defaults for
+  every envs key; an argument a tool does not take is refused with `[bad_argument]` naming it,
+  over MCP and in process alike (the input schema's model used to drop it silently)."""
+  spec, inst, _ = world
+  inst.reset()
+  outside = tmp_path / "elsewhere"
+  outside.mkdir()
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  argv = [sys.executable, os.path.join(repo, "envs", "apps", "server.py"), "--world_dir",
+          inst.path, "--envs_json", "{}"]
+  defaults = base.get_config().envs
+  path = "/" + render.entity_paths(spec, spec["entities"][1])["xlsx"]
+  bad_args = {"path": path, "sheeet": "Financials", "limit": 3}
+  with gateway_lib.ExternalServer(gateway_lib.stdio_server(argv, cwd=str(outside), env={}),
+                                  defaults) as ext:
+    assert {t["name"] for t in ext.list_tools()} == set(tools_lib.WorldTools.TOOL_NAMES)
+    ok = ext.call_tool("spreadsheets_read_sheet", {"path": path})
+    assert not ok.is_error, ok.text
+    bad = ext.call_tool("spreadsheets_read_sheet", bad_args)
+  local = gateway_lib.LocalGateway(inst.path, defaults).call_tool("spreadsheets_read_sheet",
+                                                                  bad_args)
+  assert local.error_kind == "bad_argument"   # (a server not ours gets no kind read from it)
+  for r in (bad, local):
+    assert r.is_error, r.text
+    assert r.text.startswith("[bad_argument] spreadsheets_read_sheet: unknown arguments "
+                             "'sheeet', 'limit'"), r.text
+  # Keys given override the defaults, nested sections key by key.
+  cfg = server_lib.envs_config({"tool_output_chars": 77, "sandbox": {"wall_s": 1.5}})
+  assert (cfg.tool_output_chars, cfg.sandbox.wall_s) == (77, 1.5)
+  assert cfg.sandbox.memory_mb == defaults.sandbox.memory_mb
+  assert server_lib.envs_config({}).to_dict() == defaults.to_dict()
+
+
 def test_server_reports_the_project_version_and_only_the_tools_capability(world, envs_cfg):
   _, inst, _ = world
   with open(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
