@@ -26,6 +26,7 @@ run's shardings. TPU needs `libtpu`, GPU the CUDA plugin: `make setup-compile`.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Any, Optional
@@ -35,6 +36,7 @@ import jax.numpy as jnp
 import optax
 
 from models import aot
+from models import config as config_lib
 from models import qwen3_5
 from models import sharding
 from rl import plan
@@ -202,9 +204,27 @@ def _host_devices(devices: list) -> list:
 
 
 def run(config, target: str, programs=None) -> list[dict]:
-  """Compiles `programs` (default compile.programs) of `config` for `target`; returns rows."""
+  """Compiles `programs` (default compile.programs) of `config` for `target`; returns rows.
+
+  The model is traced as for the target's platform (models/config.compiling_for): its
+  per-backend "auto" choices (attention implementation and causal blocks, the Gated DeltaNet
+  chunk, the MoE dispatch) are those of a run on those devices, not of this CPU."""
   t = aot.parse_target(target)
   devices = aot.target_devices(str(t))
+  if t.spec.platform == "cuda" and config.model.attention_impl == "auto":
+    # cuDNN's flash attention, the GPU default for 16-bit activations, needs the cuDNN library
+    # at compile time, which compiling from a CPU machine does not install (~1 GB); XLA's own
+    # attention compiles in its place, with the same query chunks.
+    print("note: attention compiled as XLA's (model.attention_impl=xla): cuDNN flash attention "
+          "needs the cuDNN library to compile", flush=True)
+    config = config.copy_and_resolve_references() if hasattr(config, "copy_and_resolve_references") else config
+    with config.unlocked() if hasattr(config, "unlocked") else contextlib.nullcontext():
+      config.model.attention_impl = "xla"
+  with config_lib.compiling_for(devices[0].platform):
+    return _run(config, t, devices, programs)
+
+
+def _run(config, t: aot.Target, devices: list, programs) -> list[dict]:
   spec = t.spec
   programs = tuple(programs or config.compile.programs)
   unknown = set(programs) - {"rl_step", "sft_step", "engine"}

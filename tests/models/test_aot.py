@@ -77,3 +77,24 @@ def test_an_out_of_memory_compile_error_becomes_needed_and_available_bytes():
   oom = aot.out_of_memory(err)
   assert oom["needed"] == int(111.23 * aot.GiB) and oom["available"] == int(95.74 * aot.GiB)
   assert aot.out_of_memory(ValueError("shapes do not match")) is None
+
+
+def test_auto_settings_follow_the_platform_compiled_for():
+  """Traced on this CPU for a TPU or a GPU, the per-backend "auto" choices are the target's:
+  the compile mode must build what a run on those devices would (e.g. not the CPU's 128-query
+  causal blocks, which unroll a 160k row into 1280 blocks)."""
+  from configs import base
+  from models import config as config_lib
+  from models import qwen3_5
+  from models.layers import attention, gated_deltanet
+  m = base.get_model_config()
+  m.update(dtype="bfloat16")
+  cfg = qwen3_5.config_from_dict(m)
+  here = (attention.resolve_impl(cfg), attention.causal_block(cfg), gated_deltanet.chunk_size(cfg))
+  assert here == ("reference", attention.AUTO_CAUSAL_BLOCK, 32)
+  with config_lib.compiling_for("tpu"):
+    assert (attention.resolve_impl(cfg), attention.causal_block(cfg),
+            gated_deltanet.chunk_size(cfg)) == ("xla", 0, 64)
+  with config_lib.compiling_for("gpu"):
+    assert attention.resolve_impl(cfg) == "cudnn"
+  assert config_lib.platform() == "cpu"

@@ -55,7 +55,8 @@ def test_the_tiny_job_compiles_for_a_tpu_slice_and_for_two_gpus(target):
   gen = rows["engine/generate"]
   assert gen["slots"] == 4 and gen["max_len"] == 128
   ratio = gen["memory"]["argument"] / gen["planner_bytes_per_device"]
-  assert 1.0 <= ratio < 1.25, ratio
+  # (On TPU the tiny model's 16-wide minor dimensions are padded to tiles of 128 lanes: 2.9x.)
+  assert 1.0 <= ratio < (1.25 if spec.platform == "cuda" else 4.0), ratio
   if "estimated_seconds" in step:  # XLA:TPU gives its estimate for larger programs only
     assert step["estimated_seconds"] > 0 and 0 < step["estimated_mfu"] < 1
 
