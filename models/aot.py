@@ -139,8 +139,9 @@ def target_devices(target: str) -> list:
     else:
       _load_cuda_plugin()
       hosts, per_host = t.shape
+      # XLA:GPU's topology string is slices x hosts x devices a host.
       topo = topologies.get_topology_desc(platform="cuda", target_config=gpu_target_config(t.kind),
-                                          topology=f"{hosts}x{per_host}x1")
+                                          topology=f"1x{hosts}x{per_host}")
   except Exception as e:  # the plugin's own errors are long and say nothing of the install
     what = "libtpu" if t.spec.platform == "tpu" else "the CUDA plugin (jax-cuda12-plugin)"
     raise RuntimeError(f"cannot compile for {target}: {what} failed to describe the target "
@@ -406,7 +407,9 @@ def memory(compiled) -> dict:
   return out
 
 
-_OOM = re.compile(r"Used ([0-9.]+)([KMGT])? of ([0-9.]+)([KMGT])? (hbm|memory)", re.I)
+_OOM = (re.compile(r"Used ([0-9.]+)([KMGT])? of ([0-9.]+)([KMGT])? (?:hbm|memory)", re.I),
+        re.compile(r"HLO temporaries \(([0-9.]+)([KMGT])?\) exceeds available HBM \(([0-9.]+)([KMGT])?\)",
+                   re.I))
 _UNIT = {None: 1, "": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -415,7 +418,7 @@ def out_of_memory(error: BaseException) -> Optional[dict]:
   text = str(error)
   if "RESOURCE_EXHAUSTED" not in text and "Ran out of memory" not in text:
     return None
-  m = _OOM.search(text)
+  m = _OOM[0].search(text) or _OOM[1].search(text)
   if not m:
     return {"needed": None, "available": None, "message": text.splitlines()[0][:300]}
   need = float(m.group(1)) * _UNIT[(m.group(2) or "").upper()]

@@ -77,6 +77,18 @@ def test_an_out_of_memory_compile_error_becomes_needed_and_available_bytes():
   oom = aot.out_of_memory(err)
   assert oom["needed"] == int(111.23 * aot.GiB) and oom["available"] == int(95.74 * aot.GiB)
   assert aot.out_of_memory(ValueError("shapes do not match")) is None
+  # XLA:TPU's other wording: the temporaries alone against what the arguments leave.
+  oom = aot.out_of_memory(RuntimeError(
+      "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+      "temporaries (114.15G) exceeds available HBM (95.74G)."))
+  assert oom["needed"] == int(114.15 * aot.GiB) and oom["available"] == int(95.74 * aot.GiB)
+
+
+def test_gpu_targets_are_hosts_of_gpus():
+  """h200:2x8 is two hosts (processes) of eight GPUs each, as a per-process engine sees them."""
+  devices = aot.target_devices("h200:2x8")
+  assert len(devices) == 16
+  assert [d.process_index for d in devices] == [0] * 8 + [1] * 8
 
 
 def test_auto_settings_follow_the_platform_compiled_for():
