@@ -195,18 +195,25 @@ def token_logprobs(cfg: ModelConfig, params, hidden, targets, temperature: float
   Args:
     hidden: [batch, seq, embed] final-normed hidden states (`forward_hidden`).
     targets: [batch, seq] int32, the token each position predicts.
+    temperature: a Python float (a traced one takes plain autodiff, without the saving below).
   Returns:
     (logprobs [batch, seq] f32, entropy [batch, seq] f32) of softmax(logits / temperature).
 
-  With `cfg.logits_chunk > 0` the vocabulary-sized logits exist for one block of positions at
-  a time (rematerialised in the backward pass): at 248k tokens of vocabulary they would
-  otherwise be the largest activation of a long-context step.
+  The gradient is written by hand (`_head_logprobs`): it keeps the hidden states and the
+  entropy and recomputes the float32 logits in the backward pass, where autodiff would keep the
+  [positions, vocab] float32 log-softmax from the forward pass to the backward (at 32k tokens of
+  vocabulary, 128 KiB a position). With `cfg.logits_chunk > 0` the vocabulary-sized logits
+  exist for one block of positions at a time, forward and backward: at 248k tokens of
+  vocabulary they would otherwise be the largest activation of a long-context step.
   """
-  def block(h, y):
-    logp = jax.nn.log_softmax(logits_from_hidden(cfg, params, h) / temperature, axis=-1)
-    picked = jnp.take_along_axis(logp, y[..., None], axis=-1)[..., 0]
-    return picked, -jnp.sum(jnp.exp(logp) * logp, axis=-1)
-
+  w = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
+  if isinstance(temperature, jax.core.Tracer):   # a traced temperature: plain autodiff
+    head = lambda h, w, y: _head_logprobs_fwd(temperature, h, w, y)[0]
+  else:
+    head = functools.partial(_head_logprobs, float(temperature))
+  # The casts stay inside each block: with float32 weights the blocks' weight gradients are
+  # then summed in float32.
+  block = lambda h, y: head(h.astype(cfg.jnp_dtype), w.astype(cfg.jnp_dtype), y)
   b, t = targets.shape
   chunk = cfg.logits_chunk
   if not chunk or t <= chunk:
@@ -215,9 +222,52 @@ def token_logprobs(cfg: ModelConfig, params, hidden, targets, temperature: float
   pad = n * chunk - t
   h = jnp.pad(hidden, [(0, 0), (0, pad), (0, 0)]).reshape(b, n, chunk, -1)
   y = jnp.pad(targets, [(0, 0), (0, pad)]).reshape(b, n, chunk)
-  lp, ent = jax.lax.map(jax.checkpoint(lambda a: block(*a)), (jnp.moveaxis(h, 1, 0), jnp.moveaxis(y, 1, 0)))
+  lp, ent = jax.lax.map(lambda a: block(*a), (jnp.moveaxis(h, 1, 0), jnp.moveaxis(y, 1, 0)))
   unblock = lambda x: jnp.moveaxis(x, 0, 1).reshape(b, n * chunk)[:, :t]
   return unblock(lp), unblock(ent)
+
+
+def _head_log_softmax(temperature, h, w):
+  logits = jnp.dot(h, w, preferred_element_type=jnp.float32)   # = logits_from_hidden
+  return jax.nn.log_softmax(logits / temperature, axis=-1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _head_logprobs(temperature, h, w, targets):
+  """(log p(target), entropy) [...] of softmax(h @ w / temperature); h [..., embed], w
+  [embed, vocab] in the activation dtype, targets [...] int32, temperature a Python float."""
+  return _head_logprobs_fwd(temperature, h, w, targets)[0]
+
+
+def _head_logprobs_fwd(temperature, h, w, targets):
+  logp = _head_log_softmax(temperature, h, w)
+  picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+  entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+  return (picked, entropy), (h, w, targets, entropy)
+
+
+def _head_logprobs_bwd(temperature, residuals, cotangents):
+  """With p = softmax(z), z = logits / temperature: d log p_y / dz = onehot(y) - p and
+  d entropy / dz = -p (log p + entropy); the logits' cotangent is dz / temperature, and it meets
+  the two operands of the head's matmul as autodiff's transpose would (float32 against the
+  activation-dtype operand, cast back to that dtype)."""
+  h, w, targets, entropy = residuals
+  g_picked, g_entropy = cotangents
+  logp = _head_log_softmax(temperature, h, w)
+  p = jnp.exp(logp)
+  onehot = jnp.arange(logp.shape[-1]) == targets[..., None]
+  dz = (jnp.where(onehot, g_picked[..., None], 0.0) - p * g_picked[..., None]
+        - g_entropy[..., None] * p * (logp + entropy[..., None]))
+  d_logits = dz / temperature
+  lead = tuple(range(h.ndim - 1))
+  h_bar = jax.lax.dot_general(d_logits, w, (((h.ndim - 1,), (1,)), ((), ())),
+                              preferred_element_type=jnp.float32).astype(h.dtype)
+  w_bar = jax.lax.dot_general(h, d_logits, ((lead, lead), ((), ())),
+                              preferred_element_type=jnp.float32).astype(w.dtype)
+  return h_bar, w_bar, None
+
+
+_head_logprobs.defvjp(_head_logprobs_fwd, _head_logprobs_bwd)
 
 
 def forward(cfg: ModelConfig, params, tokens, *, return_router_logits: bool = False):

@@ -7,6 +7,8 @@ Params (shapes with logical names):
   o_proj  [heads, head_dim, embed]
   q_norm, k_norm  [head_dim]            zero-centred RMSNorm over each head
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -167,7 +169,7 @@ def causal_block(cfg: ModelConfig, backend: str | None = None) -> int:
   return cfg.attention_causal_block
 
 
-def _attend_causal(q, k, v, cfg: ModelConfig, offset: int = 0):
+def _attend_causal(q, k, v, cfg: ModelConfig, offset: int = 0, recompute: bool = True):
   """Causal attention of q [b, t, heads, hd] (at key positions offset + [0, t)) over k, v.
 
   `attention_causal_block` (`causal_block`; 0 or >= t: one block) splits the queries into blocks, each scored
@@ -177,22 +179,40 @@ def _attend_causal(q, k, v, cfg: ModelConfig, offset: int = 0):
   block longer than `attention_query_chunk` (> 0), the queries go one chunk at a time
   (`_attend_query_chunks`: memory O(chunk x seq)). Exact either way: each softmax runs over every
   key its queries may see.
+
+  recompute: each block's scores are recomputed in the backward pass (`common.recompute`, as
+  flash attention does) rather than kept: the gradient keeps q, k and v, and the scores of one
+  block exist at a time. Without it every block's float32 logits, softmax and bfloat16
+  probabilities stay until the backward pass (~200 KiB a token a layer at 8 heads, 2048
+  tokens). cuDNN's flash attention keeps only its own statistics already and is left as is;
+  query chunks are rematerialised by `_attend_query_chunks` itself.
   """
   t = q.shape[1]
   chunk = cfg.attention_query_chunk
   block = causal_block(cfg)
   block = block if 0 < block < t else t
+  impl = resolve_impl(cfg)
   outs = []
   for start in range(0, t, block):
     stop = min(start + block, t)
     seen = offset + stop
-    q_i, k_i, v_i = q[:, start:stop], k[:, :seen], v[:, :seen]
     if chunk and stop - start > chunk:
-      outs.append(_attend_query_chunks(q_i, k_i, v_i, chunk, cfg, offset + start))
-    else:
-      mask = (offset + jnp.arange(start, stop))[:, None] >= jnp.arange(seen)[None, :]
-      outs.append(_attend(q_i, k_i, v_i, mask[None], cfg, causal=offset + start == 0))
+      outs.append(_attend_query_chunks(q[:, start:stop], k[:, :seen], v[:, :seen], chunk, cfg,
+                                       offset + start))
+      continue
+    causal = offset + start == 0
+    attend = functools.partial(_attend_block, cfg=cfg, start=offset + start, seen=seen,
+                               causal=causal)
+    if recompute and not (impl == "cudnn" and causal):
+      attend = common.recompute(attend)
+    outs.append(attend(q[:, start:stop], k, v))
   return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
+
+
+def _attend_block(q, k, v, cfg: ModelConfig, start: int, seen: int, causal: bool):
+  """q [b, t, heads, hd] at key positions start + [0, t) over the first `seen` keys of k, v."""
+  mask = (start + jnp.arange(q.shape[1]))[:, None] >= jnp.arange(seen)[None, :]
+  return _attend(q, k[:, :seen], v[:, :seen], mask[None], cfg, causal=causal)
 
 
 def _output(p, out, gate, cfg: ModelConfig):

@@ -18,6 +18,7 @@ Params (shapes with logical names):
   norm        [head_v_dim]          gated RMSNorm weight (init 1)
   out_proj    [gdn_value, embed]
 """
+import functools
 import math
 
 import jax
@@ -249,7 +250,8 @@ def _causal_conv(x, conv_state, weight):
   return jax.nn.silu(out), xp
 
 
-def forward(p, x, cfg: ModelConfig, state=None, lengths=None, rule: str = "chunked"):
+def forward(p, x, cfg: ModelConfig, state=None, lengths=None, rule: str = "chunked",
+            recompute: bool = True):
   """Gated DeltaNet over x [batch, seq, embed].
 
   Args:
@@ -258,10 +260,47 @@ def forward(p, x, cfg: ModelConfig, state=None, lengths=None, rule: str = "chunk
     lengths: optional [batch] valid lengths of a right-padded batch. Padded steps neither
       decay nor write the state, so the returned state is each row's state at its length.
     rule: "chunked" (training, prefill) or "recurrent" (decode).
+    recompute: the gradient keeps only the mixer's bfloat16 inputs (the four projections'
+      outputs) and its output, and recomputes the rest in the backward pass (`_mix`). False
+      keeps what autodiff saves; the values and gradients are the same.
   Returns:
     ([batch, seq, embed], new state).
   """
-  b, t, _ = x.shape
+  dt = cfg.jnp_dtype
+  x = x.astype(dt)
+  qkv = common.dense(x, p["in_proj_qkv"], dt)
+  z = common.dense(x, p["in_proj_z"], dt)
+  beta_in = common.dense(x, p["in_proj_b"], dt)
+  a = common.dense(x, p["in_proj_a"], dt)
+  mix_params = {k: p[k] for k in ("conv", "A_log", "dt_bias", "norm")}
+  mix = functools.partial(_mix, cfg=cfg, rule=rule)
+  if recompute:
+    mix = common.recompute(mix)
+  out, conv_state, ssm = mix(mix_params, qkv, z, beta_in, a, state, lengths)
+  out = common.dense(out, p["out_proj"], dt)
+  conv_dtype = dt if state is None else state["conv"].dtype
+  return out, {"conv": conv_state.astype(conv_dtype), "ssm": ssm}
+
+
+def _mix(p, qkv, z, beta_in, a, state, lengths, cfg: ModelConfig, rule: str):
+  """Everything between the input projections and out_proj, one function so that `forward`
+  can rematerialise it whole.
+
+  Autodiff through it would keep ~20 float32 tensors of [tokens, v_heads, head_dim] a layer
+  for the backward pass (q, k, v in float32, repeated to the value heads, in the chunk layout
+  and decayed, the UT transform's right-hand sides and solutions, every chunk's state: ~150
+  KiB a token on the ~1B benchmark model against the 4 KiB of its bfloat16 inputs); under
+  `jax.checkpoint` the backward pass recomputes them from the inputs, one layer at a time.
+
+  Args:
+    qkv: [b, t, conv_dim] the conv's input; z: [b, t, v_heads * d_v]; beta_in, a: [b, t,
+      v_heads], all in the activation dtype.
+    state: as in `forward`; None starts from zeros (made here, so the gradient does not keep
+      a [b, v_heads, d_k, d_v] array of zeros).
+  Returns:
+    (gated, normed output [b, t, v_heads * d_v], conv state [b, kernel-1, conv_dim], ssm state).
+  """
+  b, t, _ = qkv.shape
   dt = cfg.jnp_dtype
   nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
   dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
@@ -269,11 +308,9 @@ def forward(p, x, cfg: ModelConfig, state=None, lengths=None, rule: str = "chunk
   if state is None:
     state = {"conv": jnp.zeros((b, kernel - 1, cfg.gdn_conv_dim), dt),
              "ssm": jnp.zeros((b, nv, dk, dv), jnp.float32)}
-  x = x.astype(dt)
-  qkv = common.dense(x, p["in_proj_qkv"], dt)
-  z = common.dense(x, p["in_proj_z"], dt).reshape(b, t, nv, dv)
-  beta = jax.nn.sigmoid(common.dense(x, p["in_proj_b"], dt).astype(jnp.float32))
-  a = common.dense(x, p["in_proj_a"], dt).astype(jnp.float32)
+  z = z.reshape(b, t, nv, dv)
+  beta = jax.nn.sigmoid(beta_in.astype(jnp.float32))
+  a = a.astype(jnp.float32)
   g = -jnp.exp(p["A_log"].astype(jnp.float32)) * jax.nn.softplus(a + p["dt_bias"].astype(jnp.float32))
 
   qkv, padded_in = _causal_conv(qkv, state["conv"], p["conv"])
@@ -306,5 +343,4 @@ def forward(p, x, cfg: ModelConfig, state=None, lengths=None, rule: str = "chunk
   else:
     raise ValueError(f"unknown delta rule form {rule!r}")
   out = norm.gated_rms_norm(out.astype(dt), z, p["norm"], cfg.rms_norm_eps)
-  out = common.dense(out.reshape(b, t, nv * dv), p["out_proj"], dt)
-  return out, {"conv": conv_state.astype(state["conv"].dtype), "ssm": ssm}
+  return out.reshape(b, t, nv * dv), conv_state, ssm

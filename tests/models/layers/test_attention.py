@@ -3,6 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax._src.ad_checkpoint import saved_residuals
 
 from configs import base
 from models import qwen3_5
@@ -105,3 +106,30 @@ def test_auto_picks_per_backend():
   assert attention.resolve_impl(cfg, backend="tpu") == "xla"
   assert attention.resolve_impl(cfg, backend="gpu") == "xla"
   assert attention.resolve_impl(cfg.replace(dtype="bfloat16"), backend="gpu") == "cudnn"
+
+
+@pytest.mark.parametrize("knobs", [{"attention_causal_block": 8}, {"attention_causal_block": 0},
+                                   {"attention_causal_block": 8, "attention_impl": "xla"}])
+def test_recomputed_scores_give_the_outputs_and_gradients_of_kept_ones(knobs, monkeypatch):
+  """Each causal block's scores recomputed in the backward pass (the default) against the
+  same attention with autodiff's kept scores: outputs and every gradient."""
+  cfg = _cfg(attention_impl="reference", **knobs) if "attention_impl" not in knobs else _cfg(**knobs)
+  params, x, positions = _inputs(cfg)
+  out, grads = _value_and_grads(cfg, params, x, positions)
+  kept = attention._attend_causal
+  monkeypatch.setattr(attention, "_attend_causal",
+                      lambda *a, **kw: kept(*a, **kw, recompute=False))
+  out_ref, grads_ref = _value_and_grads(cfg, params, x, positions)
+  np.testing.assert_allclose(out, out_ref, atol=1e-6)
+  for g, g_ref in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
+    np.testing.assert_allclose(g, g_ref, atol=1e-5 * float(jnp.abs(g_ref).max()))
+
+
+def test_the_gradient_keeps_no_scores():
+  """q, k, v and the output are kept for the backward pass, no [queries, keys] array."""
+  cfg = _cfg(attention_impl="reference", attention_causal_block=16)
+  params, x, positions = _inputs(cfg, seq=64)
+  res = saved_residuals(lambda p, x: jnp.sum(attention.forward(p, x, positions, cfg)[0]),
+                        params, x)
+  assert not [a for a, _ in res if a.ndim >= 4 and a.shape[-1] >= 16 and a.shape[-2] == 16
+              and a.shape[-1] != cfg.head_dim], res

@@ -3,6 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax._src.ad_checkpoint import saved_residuals
 
 from configs import base
 from models import qwen3_5
@@ -103,3 +104,62 @@ def test_auto_chunk_is_32_on_cpu_and_64_elsewhere():
   assert gated_deltanet.chunk_size(cfg.replace(gdn_chunk_size=16), backend="cpu") == 16
   with pytest.raises(ValueError, match="gdn_chunk_size"):
     cfg.replace(gdn_chunk_size=0)
+
+
+def _layer_inputs(seq=45, batch=2):
+  m = base.get_model_config()
+  cfg = qwen3_5.config_from_dict(m).replace(gdn_chunk_size=16)
+  p = gated_deltanet.init(jax.random.key(1), cfg)
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.standard_normal((batch, seq, cfg.hidden_size)), jnp.float32)
+  state = {"conv": jnp.asarray(rng.standard_normal((batch, cfg.linear_conv_kernel_dim - 1,
+                                                    cfg.gdn_conv_dim)), jnp.float32),
+           "ssm": jnp.asarray(rng.standard_normal((batch, cfg.linear_num_value_heads,
+                                                   cfg.linear_key_head_dim,
+                                                   cfg.linear_value_head_dim)) * 0.1, jnp.float32)}
+  return cfg, p, x, state
+
+
+@pytest.mark.parametrize("with_state", [False, True])
+def test_recomputed_layer_has_the_outputs_and_gradients_of_the_plain_one(with_state):
+  """`forward(recompute=True)` (the default: the mixer recomputed in the backward pass) gives
+  the plain layer's output, states and the gradients of every param, the input and the state."""
+  cfg, p, x, state = _layer_inputs()
+  lengths = jnp.asarray([45, 30], jnp.int32) if with_state else None
+  rng = np.random.default_rng(2)
+  w_out = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
+  w_ssm = jnp.asarray(rng.standard_normal(state["ssm"].shape), jnp.float32)
+
+  def run(recompute):
+    def loss(p, x, state):
+      out, new = gated_deltanet.forward(p, x, cfg, state if with_state else None, lengths,
+                                        recompute=recompute)
+      return jnp.sum(out * w_out) + jnp.sum(new["ssm"] * w_ssm) + jnp.sum(new["conv"]), (out, new)
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True))(p, x, state)
+
+  grads, outs = run(True)
+  grads_ref, outs_ref = run(False)
+  for a, b in zip(jax.tree.leaves(outs), jax.tree.leaves(outs_ref)):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(grads)[0], jax.tree.leaves(grads_ref)):
+    np.testing.assert_allclose(a, b, atol=1e-5 * max(1.0, float(jnp.abs(b).max())),
+                               err_msg=jax.tree_util.keystr(path))
+
+
+def test_recomputed_layer_keeps_no_float32_per_head_tensors():
+  """The gradient keeps the bfloat16 projections and the mixer's output, not the delta rule's
+  float32 q, k, v, UT-transform solutions or per-chunk states (~150 KiB a token on the ~1B
+  benchmark model, docs/model.md)."""
+  cfg, p, x, _ = _layer_inputs(seq=64)
+  cfg = cfg.replace(dtype="bfloat16")
+  x = jax.ShapeDtypeStruct(x.shape, jnp.bfloat16)
+  p = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), p)
+
+  def kept(recompute):
+    res = saved_residuals(lambda p, x: jnp.sum(
+        gated_deltanet.forward(p, x, cfg, recompute=recompute)[0].astype(jnp.float32)), p, x)
+    return [a for a, where in res if a.dtype == jnp.float32 and a.size >= 64 * 16
+            and "argument" not in where]
+
+  assert len(kept(False)) >= 5
+  assert kept(True) == []
