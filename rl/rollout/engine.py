@@ -797,15 +797,58 @@ class QwenEngine(engine_api.Engine):
       out["generate"] = self._generate_jit.lower(params, state, sds((), jnp.int32))
     return out
 
-  def warmup(self, buckets: Optional[Sequence[int]] = None) -> None:
-    """Compiles prefill + insert for each bucket and one generate step."""
-    state = self.init_decode_state()
-    for b in buckets or self.buckets:
-      prefix = self.prefill(params=self._handle, padded_tokens=PrefillInput(
-          np.zeros((b,), np.int32), SamplingSettings(seed=0)), true_length=1)
-      state = self.insert(prefix, state, 0)
+  def warmup(self, buckets: Optional[Sequence[int]] = None, prefix: Optional[Sequence[int]] = None,
+             score: bool = False) -> None:
+    """Compiles every program serving runs, so that no request waits for a compile: a prefill
+    for each bucket, each prefill's insert into a new decode state (the driver's first insert
+    meets one) and into one that has been through insert and generate (every later insert: jit
+    compiles the two apart), and the generate step.
+
+    `prefix`: ids prompts are known to open with (the system turn of the served tools,
+    `serve.system_turn`). With the shared-prefix cache it becomes the prefix (`SharedPrefix.prime`),
+    its cache is computed, and the programs of prompts that extend it are compiled too: the
+    prefill of the prefix, its extension by each prefix bucket, and their inserts. Without it
+    those compile at the first prompts that share a prefix (its length is known only then).
+    `score`: also `score`'s program for each bucket (the OpenAI front's echo).
+    """
+    buckets = tuple(buckets or self.buckets)
+    counts = (self.prompt_tokens, self.prefilled_tokens)
+    prefixes = [self.prefill(params=self._handle, padded_tokens=PrefillInput(
+        np.zeros((b,), np.int32), SamplingSettings(seed=0)), true_length=1) for b in buckets]
+    if prefix is not None and self._shared is not None:
+      prefixes += self._warm_shared_prefix(prefix)
+    for p in prefixes:   # into a new decode state
+      jax.block_until_ready(self.insert(p, self.init_decode_state(), 0)["step"])
+    state = self.insert(prefixes[0], self.init_decode_state(), 0)
+    state, _ = self.generate(self._handle, state)
+    for p in prefixes:   # into a state that has been through insert and generate
+      state = self.insert(p, state, 0)
     state, result = self.generate(self._handle, state)
     jax.block_until_ready(result.data)
+    if score:
+      for b in buckets:
+        self.score(np.zeros((b,), np.int32))
+    # Warmup's prompts are not requests: the counters stay as they were.
+    self.prompt_tokens, self.prefilled_tokens = counts
+
+  def _warm_shared_prefix(self, prefix: Sequence[int]) -> list:
+    """Primes the shared prefix with `prefix` and prefills, through the serving path, one
+    prompt extending it per prefix bucket (computing the prefix's cache on the way). Returns
+    their prefixes (for the inserts); [] when `prefix` is too short to be cached."""
+    n = self._shared.prime(prefix)
+    if not n:
+      return []
+    hits = self._shared.hits
+    out = []
+    for b in self.prefix_buckets:
+      if n + b > self.buckets[-1]:
+        continue
+      prompt = np.zeros((n + b,), np.int32)
+      prompt[:n] = np.asarray(prefix, np.int32)[:n]
+      out.append(self.prefill(params=self._handle, padded_tokens=PrefillInput(
+          self.pad_prompt(prompt), SamplingSettings(seed=0)), true_length=len(prompt)))
+    self._shared.hits, self._shared.computes = hits, 0
+    return out
 
   def get_prefix_destination_sharding(self) -> Any:
     return None  # one engine does both prefill and generate (interleaved mode)

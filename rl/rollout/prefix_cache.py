@@ -66,6 +66,20 @@ class SharedPrefix:
       self._tokens, self._cache = prompt[:n].copy(), None
       return n
 
+  def prime(self, tokens) -> int:
+    """Takes `tokens` (cut to `align`) as the prefix before any prompt is seen: what the
+    server knows prompts will open with (the system turn of its tools), so that the first
+    prompts hit it and its programs can be compiled at warmup. Returns its length (0 when
+    shorter than `min_len`: nothing changes). A prompt that does not extend it still teaches a
+    new prefix, as after any prefix."""
+    tokens = np.asarray(tokens, np.int32)
+    n = len(tokens) - len(tokens) % self.align
+    if n < self.min_len:
+      return 0
+    with self._lock:
+      self._tokens, self._cache = tokens[:n].copy(), None
+    return n
+
   def cache_for(self, version: int, tokens: np.ndarray, compute: Callable[[np.ndarray], Any]):
     """The cache of prefix `tokens` under weights `version`, computed by `compute(tokens)` once
     per version (and again if the prefix changed meanwhile)."""

@@ -20,13 +20,19 @@ stops ends the process at once.
 import contextlib
 import os
 import signal
+import tempfile
 import threading
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 import jax
 
 from configs.validate import ConfigError
+from envs.apps import gateway
+from envs.apps import shell_tools
+from envs.chat import ChatFormat
+from envs.chat import tokenizer as chat_tokenizer
+from envs.harness import tool_subset
 from models import qwen3_5
 from models import sharding
 from rl import params_io
@@ -37,9 +43,12 @@ RANDOM_WEIGHTS = "random"  # --weights=random: serve the seeded random init
 
 
 def build_server(config, params=None, port: Optional[int] = None, warmup: Optional[bool] = None,
+                 warmup_prefix: Optional[Sequence[int]] = None, warmup_score: bool = False,
                  **engine_overrides):
   """An engine + JetStream Driver + gRPC server for `config`, started. Returns RolloutServer.
-  `engine_overrides` go to QwenEngine.from_config (e.g. initial_version)."""
+  `engine_overrides` go to QwenEngine.from_config (e.g. initial_version). With warmup
+  (default `rollout.warmup`), `warmup_prefix` (ids prompts open with, `system_turn`) and
+  `warmup_score` (the HTTP front's echo) go to `QwenEngine.warmup`."""
   # JetStream loads only when a server is built: a trainer imports build_server but, with
   # rollout.servers set, serves from separate jobs and never builds one.
   from rl.rollout import compat  # lazy: JetStream, only when a server is built
@@ -48,7 +57,7 @@ def build_server(config, params=None, port: Optional[int] = None, warmup: Option
   compat.set_log_level(config.rollout.log_level)
   engine = QwenEngine.from_config(config, params=params, **engine_overrides)
   if config.rollout.warmup if warmup is None else warmup:
-    engine.warmup()
+    engine.warmup(prefix=warmup_prefix, score=warmup_score)
   port = config.rollout.port if port is None else port
   return RolloutServer(engine, port=port, threads=config.rollout.rpc_threads or None).start()
 
@@ -88,6 +97,42 @@ def load_weights(config, weights: str = "") -> tuple:
     raise ConfigError(f"--mode=serve: {e}") from e
   source = "--weights" if weights else "train.init_from"
   return params, f"{os.path.abspath(path)} ({source}){until}"
+
+
+def served_tools(config) -> Optional[tuple]:
+  """(tools, system prompt) the config's worlds show the policy: the app or shell tools of
+  harness.style, cut to loop.tools and loop.tool_schema, in the OpenAI function shape, as the
+  harness lists them. None where they are not known before a world starts (envs.source other
+  than "generated": an external MCP server's tools)."""
+  if config.envs.source != "generated":
+    return None
+  style = config.harness.style
+  with tempfile.TemporaryDirectory() as d:
+    for sub in ("files", "apps"):
+      os.makedirs(os.path.join(d, sub))
+    listed = gateway.LocalGateway(d, config.envs, style).list_tools()
+
+  class Listed:   # the world as tool_subset sees it
+    def __init__(self):
+      self.style = style
+
+    def tools(self):
+      return [{"type": "function", "function": {"name": t["name"], "description": t["description"],
+                                                "parameters": t["input_schema"]}} for t in listed]
+  tools = tool_subset.ToolSubsetWorld(Listed(), config.loop.tools,
+                                      config.loop.tool_schema).tools()
+  return tools, shell_tools.SYSTEM_PROMPT if style == "shell" else ""
+
+
+def system_turn(config) -> Optional[list]:
+  """The ids every prompt of the config's episodes opens with: the system turn of
+  `served_tools`, as the harness renders it and as an OpenAI chat client sending those tools
+  gets it. None where the tools are not known before a world starts."""
+  served = served_tools(config)
+  if served is None:
+    return None
+  fmt = ChatFormat(chat_tokenizer.from_config(config.tokenizer), bool(config.tokenizer.thinking))
+  return fmt.system_ids(*served)
 
 
 def start_http(server, config, port: int):
@@ -139,7 +184,11 @@ def main(config, flags=None):
   weights_dir = config.rollout.weights_dir
   params, what = load_weights(config, getattr(flags, "weights", "") or "")
   print(f"serving weights: {what}", flush=True)
-  server = build_server(config, params=params, port=port,
+  # Warmup compiles what the first requests would: the prefix-cache programs of the system
+  # turn the served tools give, and with the HTTP front the echo's scoring programs.
+  prefix = system_turn(config) if config.rollout.warmup and config.rollout.prefix_cache else None
+  server = build_server(config, params=params, port=port, warmup_prefix=prefix,
+                        warmup_score=http_port is not None,
                         initial_version=published_weights.UNLOADED if weights_dir else 0)
   front = start_http(server, config, http_port) if http_port is not None else None
   watcher = None
