@@ -220,10 +220,14 @@ def token_logprobs(cfg: ModelConfig, params, hidden, targets, temperature: float
     return block(hidden, targets)
   n = -(-t // chunk)
   pad = n * chunk - t
-  h = jnp.pad(hidden, [(0, 0), (0, pad), (0, 0)]).reshape(b, n, chunk, -1)
-  y = jnp.pad(targets, [(0, 0), (0, pad)]).reshape(b, n, chunk)
-  lp, ent = jax.lax.map(lambda a: block(*a), (jnp.moveaxis(h, 1, 0), jnp.moveaxis(y, 1, 0)))
-  unblock = lambda x: jnp.moveaxis(x, 0, 1).reshape(b, n * chunk)[:, :t]
+  # Block j holds positions j, j + n, j + 2n, ...: spread evenly along the row, so a row split
+  # over devices by position (context parallelism) gives every device its share of each block.
+  # Contiguous blocks would each live on one device, and every device would compute the
+  # vocabulary-sized logits of every block (16x the LM head's work on 16 devices, compiled).
+  h = jnp.pad(hidden, [(0, 0), (0, pad), (0, 0)]).reshape(b, chunk, n, -1)
+  y = jnp.pad(targets, [(0, 0), (0, pad)]).reshape(b, chunk, n)
+  lp, ent = jax.lax.map(lambda a: block(*a), (jnp.moveaxis(h, 2, 0), jnp.moveaxis(y, 2, 0)))
+  unblock = lambda x: jnp.moveaxis(x, 0, 2).reshape(b, n * chunk)[:, :t]
   return unblock(lp), unblock(ent)
 
 
