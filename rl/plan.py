@@ -8,11 +8,17 @@ come from `jax.eval_shape` (of the model's init and of the optimizer's init) and
 shardings from the logical-axis rules on an abstract mesh of the configured shape, so nothing
 is allocated and no device of that size needs to exist: it runs on a laptop CPU.
 
-The activation estimate is analytic (an upper-bound style model of the current
-implementation, not a compiler measurement): saved layer inputs under the configured remat,
-the working set of one recomputed layer cycle, the attention score matrices (the attention
-layers hold [heads, chunk or seq, seq] float32 scores per block) and the float32 logits of the LM
-head. It is printed per micro-batch for several sequence lengths. With context parallelism
+The activation estimate is counted from shapes, part by part (`part_bytes`): what each layer
+kind keeps from its forward to its backward pass (the RMSNorms, the Gated DeltaNet's and the
+attention's projections, the MoE's dispatched rows) and the working set of one part's backward
+(the recomputed Gated DeltaNet chunks, one block of attention scores, one gathered expert
+matrix a block, the LM head's float32 logits and their cotangent). Under remat=none every
+layer's kept bytes stay; under remat=full each layer cycle's input, and the cycle being
+recomputed. benchmarks/activation_memory.py compiles each part and the whole step for the
+CPU and an H200 and prints these beside the compiler's figures (docs/model.md, "Activation
+memory"); the step is modelled on the platform of `plan.device_kind` (its attention
+implementation, Gated DeltaNet chunk and, on XLA:CPU, float32 copies of 16-bit activations and
+weights). It is printed per micro-batch for several sequence lengths. With context parallelism
 (`activation_length` mapped to mesh axes) each row's per-token terms are divided over those
 axes' devices and attention adds the row's gathered keys and values; on host devices the
 measured split saved about half what this model says (docs/model.md, "Context parallelism is a
@@ -31,9 +37,12 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AbstractMesh, AxisType
 
+from models import config as config_lib
 from models import qwen3_5
 from models import sharding
 from models.layers import attention
+from models.layers import gated_deltanet
+from models.layers import moe
 from rl import train_step
 from rl.rollout import capacity
 
@@ -105,58 +114,170 @@ def memory_plan(config, num_devices: int, seq_lens=None) -> dict:
   rows_mb = rows // config.train.mini_batches // config.train.micro_batches
   # Rows per group of devices that splits one row (context parallelism; one device without).
   rows_dev = rows_mb / batch_ways
+  # The platform the step runs on: the one being compiled for (rl/compile_job.py traces inside
+  # models/config.compiling_for), else plan.device_kind's: its attention implementation,
+  # Gated DeltaNet chunk and (XLA:CPU) float32 copies, not this machine's.
+  platform = getattr(config_lib._TARGET, "platform", None) or platform_of(config.plan.device_kind)  # pylint: disable=protected-access
   act = []
   for t in (seq_lens or [config.train.seq_len]):
-    act.append((t, activation_bytes(mc, t, max(rows_dev, 1.0), tensor_ways, length_ways)))
+    act.append((t, activation_bytes(mc, t, max(rows_dev, 1.0), tensor_ways, length_ways,
+                                    platform)))
   return {"mesh": dict(mesh.shape), "num_devices": num_devices, "counts": counts,
           "params": params, "grads": grads, "opt": opt, "ref_params": ref, "activations": act,
           "rows_per_device": rows_dev, "rows_per_micro_batch": rows_mb,
-          "length_ways": length_ways}
+          "length_ways": length_ways, "platform": platform}
 
 
-def activation_bytes(mc, seq: int, rows: float, tensor_ways: int, length_ways: int = 1) -> dict:
-  """Analytic activation bytes of one micro-batch on one device (see module docstring).
-  `length_ways`: devices each row's tokens are split over (context parallelism); attention
-  then also holds the row's gathered keys and values."""
+# Per-token float32 tensors the Gated DeltaNet layer's backward pass holds at its peak (the
+# recomputed chunked rule: q, k, v, their chunked, decayed and UT-solved forms, the backward
+# scan's stacked cotangents), counted in the H200 compile's buffer assignment of one layer at
+# the ~1B benchmark shape (benchmarks/activation_memory.py): ~16 of [tokens, v_heads * d_v],
+# ~7 of [tokens, v_heads, chunk] (decays, the triangular systems and their inverses) and 1.5
+# of the per-chunk states.
+_GDN_WORKING_VALUE_F32 = 16
+_GDN_WORKING_CHUNK_F32 = 7
+_GDN_WORKING_STATES = 1.5
+# Bytes an attention score element costs while its block's backward runs: the float32
+# logits, the float32 softmax and the 16-bit probabilities (the H200 compile of one attention
+# layer, XLA's attention over one 2048-token block: 9.9 bytes).
+_SCORE_BYTES = 10
+
+
+def platform_of(device_kind: str) -> str:
+  """The JAX platform of a `plan.device_kind` label: cpu, tpu (a "TPU ..." name) or gpu."""
+  kind = str(device_kind).lower()
+  return "cpu" if kind == "cpu" else "tpu" if "tpu" in kind else "gpu"
+
+
+def _held_itemsize(mc, platform: str) -> int:
+  """Bytes of one kept activation element. XLA:CPU computes 16-bit floats in float32 and keeps
+  the float32 copies for the backward pass: each layer kind's kept bytes there are exactly twice
+  an H200's (benchmarks/activation_memory.py: attention 31.9 vs 15.5 KiB a token, Gated
+  DeltaNet 21.1 vs 10.0, RMSNorm 4.0 vs 2.0)."""
   ab = jnp.dtype(mc.dtype).itemsize
+  return 4 if platform == "cpu" and ab < 4 else ab
+
+
+def part_bytes(mc, seq: int, rows: float, tensor_ways: int = 1, length_ways: int = 1,
+               platform: str | None = None) -> dict:
+  """What each part of the train step holds, for `rows` rows of `seq` tokens on one device.
+
+  {part: {"kept": bytes one such layer keeps from its forward to its backward pass,
+          "working": bytes its backward holds besides, one layer at a time}}
+  for attention, gated_deltanet, moe (or mlp), rms_norm and lm_head_logprobs. Each is
+  counted from what the code keeps (models/layers/*, the hand-written and recomputed
+  gradients); benchmarks/activation_memory.py compiles each part and prints these beside the
+  compiler's figures. `platform` (default: the one traced for, models/config.platform) picks
+  the attention implementation, the Gated DeltaNet chunk and XLA:CPU's float32 copies.
+  """
+  platform = platform or config_lib.platform()
+  with config_lib.compiling_for(platform):
+    impl = attention.resolve_impl(mc)
+    block = attention.causal_block(mc)
+    chunk = gated_deltanet.chunk_size(mc)
+  ab = _held_itemsize(mc, platform)
   tok = rows * seq / length_ways
+  tw = tensor_ways
   h = mc.hidden_size
-  mlp = (mc.num_experts_per_tok * mc.moe_intermediate_size * 3 + mc.shared_expert_intermediate_size * 3
-         if mc.use_moe else mc.intermediate_size * 3)
-  # Per layer: norms/residuals (~4 h), the MLP expansion, the mixer projections.
-  gdn = 2 * mc.gdn_conv_dim + 2 * mc.gdn_value_dim + 4 * mc.linear_num_value_heads
-  attn = (3 * mc.num_attention_heads + 2 * mc.num_key_value_heads) * mc.head_dim
-  per_layer = {"linear_attention": 4 * h + mlp / tensor_ways + gdn / tensor_ways,
-               "full_attention": 4 * h + mlp / tensor_ways + attn / tensor_ways}
-  n_attn = sum(1 for t in mc.layer_types if t == "full_attention")
-  cycle_ws = sum(per_layer[t] for t in mc.cycle) * tok * ab
-  if length_ways > 1:
-    gathered_kv = 2 * mc.num_key_value_heads * mc.head_dim * rows * seq * ab
-    cycle_ws += sum(1 for t in mc.cycle if t == "full_attention") * gathered_kv
+  out = {}
+  # RMSNorm: x and one float32 a row (models/layers/norm.py); its backward, x in float32.
+  out["rms_norm"] = {"kept": (h * ab + 4) * tok, "working": h * 4 * tok}
+  # Gated DeltaNet: the input projections' input and outputs (the conv's input, z, beta and
+  # the decay input) and the mixer's output; the rest is recomputed (gated_deltanet._mix).
+  nv, dk, dv = mc.linear_num_value_heads, mc.linear_key_head_dim, mc.linear_value_head_dim
+  conv, value = mc.gdn_conv_dim / tw, mc.gdn_value_dim / tw
+  out["gated_deltanet"] = {
+      "kept": (h + conv + 2 * value + 2 * nv / tw) * ab * tok,
+      "working": (_GDN_WORKING_VALUE_F32 * value * 4 + _GDN_WORKING_CHUNK_F32 * nv / tw * chunk * 4
+                  + _GDN_WORKING_STATES * nv / tw * dk * dv * 4 / chunk + 2 * conv * ab) * tok}
+  # Attention: the projections' input; q before its norm and after RoPE, the sigmoid gate, its
+  # derivative, the attention output and the gated output; k before its norm and after RoPE,
+  # v. Scores are recomputed in the backward pass, one causal block (or query chunk) at a
+  # time: the last and largest, [rows, heads, block, seq]; cuDNN's flash attention keeps none.
+  nh, kvh, hd = mc.num_attention_heads / tw, mc.num_key_value_heads / tw, mc.head_dim
+  query = mc.attention_query_chunk if 0 < mc.attention_query_chunk < seq else 0
+  block = block if 0 < block < seq else seq
+  if impl == "cudnn" and not query:
+    scores = rows * nh * seq * 4 * 2 / length_ways         # its softmax statistics
+  else:
+    scores = rows * max(nh, 1) * (query or block) * seq * _SCORE_BYTES / length_ways
+  gathered_kv = 2 * kvh * hd * rows * seq * ab if length_ways > 1 else 0
+  out["attention"] = {"kept": (h + (6 * nh + 3 * kvh) * hd) * ab * tok,
+                      "working": scores + gathered_kv, "scores": scores}
+  if mc.use_moe:
+    out["moe"] = _moe_bytes(mc, tok, ab, tw)
+  else:
+    f = mc.intermediate_size / tw
+    out["mlp"] = {"kept": (h + 4 * f) * ab * tok, "working": 0.0}
+  # LM head: its input and the entropy; the backward recomputes the float32 logits and holds
+  # their float32 cotangent beside them, for logits_chunk positions of each row at a time.
+  logit_rows = rows * (mc.logits_chunk if 0 < mc.logits_chunk < seq else seq) / length_ways
+  out["lm_head_logprobs"] = {"kept": (h * ab + 8) * tok,
+                             "working": logit_rows * mc.vocab_size / tw * 4 * 2}
+  return out
+
+
+def _moe_bytes(mc, tok: float, ab: int, tw: int) -> dict:
+  """The sparse MoE as models/layers/moe.py computes it (blocked dispatch): kept, per token,
+  its input (and the router's float32 copy, the router probabilities), per dispatched row (the
+  rows of the expert-blocked layout, padded per expert to whole blocks) the row, its bool mask
+  and six [rows, expert_mlp] tensors of the SwiGLU (the two matmuls, the SiLU terms, their
+  product), the top-k combined rows, the shared expert's six [tokens, mlp] tensors; working,
+  one expert matrix gathered per block (recomputed in the backward pass)."""
+  h, e, k = mc.hidden_size, mc.num_experts, mc.num_experts_per_tok
+  f, fs = mc.moe_intermediate_size / tw, mc.shared_expert_intermediate_size / tw
+  pairs = max(int(tok) * k, 1)
+  block = moe.block_size(pairs, e, mc.moe_block_size)
+  blocks = max(1, (pairs + min(e, pairs) * (block - 1)) // block)
+  rows = blocks * block
+  per_token = h * ab + h * 4 + e * 4 + k * h * ab + 6 * fs * ab
+  per_row = h * ab + h + 6 * f * ab
+  return {"kept": per_token * tok + per_row * rows, "working": blocks * h * f * ab}
+
+
+def activation_bytes(mc, seq: int, rows: float, tensor_ways: int, length_ways: int = 1,
+                     platform: str | None = None) -> dict:
+  """Activation bytes of one micro-batch on one device, from `part_bytes`.
+
+  saved: what the backward pass keeps across layers (remat none: every layer's kept bytes,
+    two RMSNorms, the mixer and the feed-forward each; remat full: each layer cycle's input),
+    and the LM head's input.
+  working: the layers' backward pass beyond that: the largest working set of one part, and
+    under remat full the kept bytes of the one cycle being recomputed.
+  attn_scores: the attention part of `working` (one block of scores), shown on its own.
+  logits: the LM head's backward (float32 logits and their cotangent), which runs before the
+    layers' and so beside `saved` alone.
+  cpu_float32_copies: on XLA:CPU with 16-bit params, the float32 copies of every weight and of
+    its gradient that the compiled step holds whatever the tokens (2 x 4 bytes a parameter;
+    the ~1B model's ~7.8 GiB), zero elsewhere: not activations, but temporaries of the step.
+  total: saved + max(working, logits) + cpu_float32_copies.
+  `length_ways`: devices each row's tokens are split over (context parallelism); attention
+  then also holds the row's gathered keys and values.
+  """
+  platform = platform or config_lib.platform()
+  parts = part_bytes(mc, seq, rows, tensor_ways, length_ways, platform)
+  ffn = parts["moe" if mc.use_moe else "mlp"]
+  mixer = {"linear_attention": parts["gated_deltanet"], "full_attention": parts["attention"]}
+  layer = lambda t: 2 * parts["rms_norm"]["kept"] + mixer[t]["kept"] + ffn["kept"]
+  head = parts["lm_head_logprobs"]["kept"] + parts["rms_norm"]["kept"]     # and the final norm
+  ab = _held_itemsize(mc, platform)
   if mc.remat == "full":
-    saved = mc.num_cycles * tok * h * ab
-    working = cycle_ws * 2              # forward recompute + backward of one cycle
-    scores_layers = sum(1 for t in mc.cycle if t == "full_attention")
+    saved = mc.num_cycles * rows * seq / length_ways * mc.hidden_size * ab + head
+    recomputed = sum(layer(t) for t in mc.cycle)
   else:
-    saved = sum(per_layer[t] for t in mc.layer_types) * tok * ab
-    working = cycle_ws
-    scores_layers = n_attn
-  heads_dev = max(mc.num_attention_heads // tensor_ways, 1)
-  # Query-chunked attention holds one [chunk, seq] block of scores at a time; causal blocks
-  # hold the lower-triangular blocks only, (n + 1) / 2n of the square with n blocks.
-  if 0 < mc.attention_query_chunk < seq:
-    score_area = mc.attention_query_chunk * seq
-  elif 0 < attention.causal_block(mc) < seq:
-    n = -(-seq // attention.causal_block(mc))
-    score_area = seq * seq * (n + 1) / (2 * n)
-  else:
-    score_area = seq * seq
-  scores = scores_layers * rows * heads_dev * score_area / length_ways * 4 * 2  # f32 logits + probs
-  # f32 logits, log-softmax and their grad, for logits_chunk positions of each row at a time.
-  logit_rows = rows * (mc.logits_chunk if 0 < mc.logits_chunk < seq else seq)
-  logits = logit_rows / length_ways * mc.vocab_size / tensor_ways * 4 * 3
+    saved = sum(layer(t) for t in mc.layer_types) + head
+    recomputed = 0.0
+  kinds = set(mc.cycle)
+  layer_working = max([ffn["working"], parts["rms_norm"]["working"]]
+                      + [mixer[t]["working"] for t in kinds])
+  working = recomputed + layer_working
+  scores = parts["attention"]["scores"] if "full_attention" in kinds else 0.0
+  logits = parts["lm_head_logprobs"]["working"]
+  copies = 0
+  if platform == "cpu" and jnp.dtype(mc.param_dtype).itemsize < 4:
+    copies = 2 * 4 * qwen3_5.count_params(mc)["total"]
   return {"saved": saved, "working": working, "attn_scores": scores, "logits": logits,
-          "total": saved + working + scores + logits}
+          "cpu_float32_copies": copies, "total": saved + max(working, logits) + copies}
 
 
 def _fmt(b: float) -> str:
@@ -192,6 +313,10 @@ def format_plan(config, plan: dict) -> str:
     lines.append(f"  {'reference params (KL)':28s}{_fmt(plan['ref_params'])}")
   lines.append(f"  {'static total':28s}{_fmt(static)}")
   lines.append("")
+  lines.append(f"  activations ({plan.get('platform', 'cpu')}): saved + the larger of working (of "
+               f"which attn scores) and logits" + (" + XLA:CPU's float32 copies of the weights "
+               "and gradients" if any(a["cpu_float32_copies"] for _, a in plan["activations"])
+               else ""))
   lines.append(f"  {'seq len':>9s} {'saved':>14s} {'working':>14s} {'attn scores':>14s} "
                f"{'logits':>14s} {'activations':>14s} {'total':>14s}  fits?")
   for t, a in plan["activations"]:

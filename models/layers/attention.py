@@ -180,33 +180,76 @@ def _attend_causal(q, k, v, cfg: ModelConfig, offset: int = 0, recompute: bool =
   (`_attend_query_chunks`: memory O(chunk x seq)). Exact either way: each softmax runs over every
   key its queries may see.
 
-  recompute: each block's scores are recomputed in the backward pass (`common.recompute`, as
-  flash attention does) rather than kept: the gradient keeps q, k and v, and the scores of one
-  block exist at a time. Without it every block's float32 logits, softmax and bfloat16
-  probabilities stay until the backward pass (~200 KiB a token a layer at 8 heads, 2048
-  tokens). cuDNN's flash attention keeps only its own statistics already and is left as is;
-  query chunks are rematerialised by `_attend_query_chunks` itself.
+  recompute: the blocks' scores are recomputed in the backward pass, one block after another
+  (`_recomputed_blocks`, as flash attention does), rather than kept: the gradient keeps q, k
+  and v, and the scores of one block exist at a time. Without it every block's float32
+  logits, softmax and 16-bit probabilities stay until the backward pass (~110 KiB a token a
+  layer at 8 heads, 2048 tokens in blocks of 128). cuDNN's flash attention keeps only its own
+  statistics already, and query chunks are rematerialised by `_attend_query_chunks` itself:
+  both are left as they are.
   """
   t = q.shape[1]
   chunk = cfg.attention_query_chunk
   block = causal_block(cfg)
   block = block if 0 < block < t else t
-  impl = resolve_impl(cfg)
+  spans = tuple((start, min(start + block, t)) for start in range(0, t, block))
+  chunked = chunk and any(stop - start > chunk for start, stop in spans)
+  if recompute and not chunked and resolve_impl(cfg) != "cudnn":
+    return _recomputed_blocks(q, k, v, cfg, offset, spans)
   outs = []
-  for start in range(0, t, block):
-    stop = min(start + block, t)
+  for start, stop in spans:
     seen = offset + stop
     if chunk and stop - start > chunk:
       outs.append(_attend_query_chunks(q[:, start:stop], k[:, :seen], v[:, :seen], chunk, cfg,
                                        offset + start))
-      continue
-    causal = offset + start == 0
-    attend = functools.partial(_attend_block, cfg=cfg, start=offset + start, seen=seen,
-                               causal=causal)
-    if recompute and not (impl == "cudnn" and causal):
-      attend = common.recompute(attend)
-    outs.append(attend(q[:, start:stop], k, v))
+    else:
+      outs.append(_attend_block(q[:, start:stop], k, v, cfg, offset + start, seen,
+                                causal=offset + start == 0))
   return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _recomputed_blocks(q, k, v, cfg: ModelConfig, offset: int, spans: tuple):
+  """The causal blocks `spans` ((start, stop) query ranges) of q over k, v, concatenated.
+
+  The gradient keeps q, k, v; the backward pass recomputes each block's scores, the last block
+  first, and each block's recomputation waits for the previous one's gradients
+  (`common.after`); in the forward pass each block waits for the previous block's output. Recomputed each in its own custom VJP, the blocks would all receive their
+  cotangents at once (from the concatenation) and XLA:CPU would recompute every block's scores
+  before the first block's backward: all of them live together again.
+  """
+  return _recomputed_blocks_fwd(q, k, v, cfg, offset, spans)[0]
+
+
+def _block_fns(cfg, offset, spans):
+  return [functools.partial(_attend_block, cfg=cfg, start=offset + start, seen=offset + stop,
+                            causal=False) for start, stop in spans]
+
+
+def _recomputed_blocks_fwd(q, k, v, cfg, offset, spans):
+  outs = []
+  for f, (start, stop) in zip(_block_fns(cfg, offset, spans), spans):
+    # One block after another here too: XLA:CPU would otherwise run every block's score
+    # matmul before the first softmax.
+    q_i = q[:, start:stop] if not outs else common.after(q[:, start:stop], outs[-1])
+    outs.append(f(q_i, k, v))
+  return (outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)), (q, k, v)
+
+
+def _recomputed_blocks_bwd(cfg, offset, spans, residuals, g):
+  q, k, v = residuals
+  fns = _block_fns(cfg, offset, spans)
+  dqs, dk, dv, dep = [None] * len(spans), None, None, g
+  for i in reversed(range(len(spans))):
+    start, stop = spans[i]
+    _, vjp = jax.vjp(fns[i], *common.after((q[:, start:stop], k, v), dep))
+    dqs[i], dk_i, dv_i = vjp(g[:, start:stop])
+    dk, dv = (dk_i, dv_i) if dk is None else (dk + dk_i, dv + dv_i)
+    dep = (dqs[i], dk, dv)
+  return (dqs[0] if len(dqs) == 1 else jnp.concatenate(dqs, axis=1)), dk, dv
+
+
+_recomputed_blocks.defvjp(_recomputed_blocks_fwd, _recomputed_blocks_bwd)
 
 
 def _attend_block(q, k, v, cfg: ModelConfig, start: int, seen: int, causal: bool):

@@ -22,15 +22,28 @@ def dense(x: jax.Array, w: jax.Array, dtype) -> jax.Array:
   return jnp.tensordot(x.astype(dtype), w.astype(dtype), axes=1)
 
 
+def after(x, dep):
+  """`x` (a pytree), computed no earlier than `dep` (a pytree with an array leaf): its values,
+  with a dependency on `dep` that every compiler keeps.
+
+  An optimization barrier joins the two, which XLA:GPU and XLA:TPU schedule by; XLA:CPU drops
+  optimization barriers before it schedules, so there is a data dependency as well: a select
+  on `dep`'s first element compared with +inf, False for every value, NaN included.
+  """
+  x, dep = jax.lax.optimization_barrier((x, dep))
+  never = jnp.ravel(jax.tree.leaves(dep)[0])[0].astype(jnp.float32) > jnp.inf
+  return jax.tree.map(lambda a: jnp.where(never, jnp.zeros_like(a), a), x)
+
+
 def recompute(f):
   """`f` rematerialised: its gradient keeps only f's inputs, and the backward pass runs f again.
 
   Like `jax.checkpoint(f)`, with one difference that decides the memory: the recomputation
-  waits for the cotangent of f's output (an optimization barrier joins the two), so the
-  compiler cannot schedule it early. Under `jax.checkpoint` nothing ties the rematerialised
-  forward to the backward pass, and XLA:CPU runs it right after the original forward: every
-  layer's intermediates are then live together, exactly as without remat (the ~1B model's
-  Gated DeltaNet layers kept 137 of 141 KiB a token; benchmarks/activation_memory.py).
+  waits for the cotangent of f's output (`after`), so the compiler cannot schedule it early.
+  Under `jax.checkpoint` nothing ties the rematerialised forward to the backward pass, and
+  XLA:CPU runs it right after the original forward: every layer's intermediates are then live
+  together, exactly as without remat (the ~1B model's Gated DeltaNet layers kept 137 of 141
+  KiB a token; benchmarks/activation_memory.py).
   Values and gradients are those of f. Not forward-differentiable (a custom VJP).
   """
   @jax.custom_vjp
@@ -41,12 +54,7 @@ def recompute(f):
     return f(*args), args
 
   def bwd(args, cotangent):
-    args, cotangent = jax.lax.optimization_barrier((args, cotangent))
-    # XLA:CPU drops optimization barriers before it schedules: a data dependency on the
-    # cotangent as well. `x > inf` is False for every x, NaN included.
-    never = jnp.ravel(jax.tree.leaves(cotangent)[0])[0].astype(jnp.float32) > jnp.inf
-    args = jax.tree.map(lambda a: jnp.where(never, jnp.zeros_like(a), a), args)
-    _, vjp = jax.vjp(f, *args)
+    _, vjp = jax.vjp(f, *after(args, cotangent))
     return vjp(cotangent)
 
   wrapped.defvjp(fwd, bwd)

@@ -313,7 +313,11 @@ def _mix(p, qkv, z, beta_in, a, state, lengths, cfg: ModelConfig, rule: str):
   a = a.astype(jnp.float32)
   g = -jnp.exp(p["A_log"].astype(jnp.float32)) * jax.nn.softplus(a + p["dt_bias"].astype(jnp.float32))
 
-  qkv, padded_in = _causal_conv(qkv, state["conv"], p["conv"])
+  # The conv and the output norm are recomputed where their gradients are taken (after the
+  # delta rule's backward): their own intermediates (the shifted taps, the float32 norm terms)
+  # never coexist with the delta rule's (the ~1B layer's backward on XLA:CPU: 175 -> 154 KiB
+  # a token at its peak; XLA:GPU's fusions kept none of them there already).
+  qkv, padded_in = common.recompute(_causal_conv)(qkv, state["conv"], p["conv"])
   if lengths is None:
     conv_state = padded_in[:, t:]
   else:  # the kernel-1 inputs ending at each row's last valid token
@@ -342,5 +346,6 @@ def _mix(p, qkv, z, beta_in, a, state, lengths, cfg: ModelConfig, rule: str):
     out, ssm = recurrent_delta_rule(q, k, v, g, beta, state["ssm"])
   else:
     raise ValueError(f"unknown delta rule form {rule!r}")
-  out = norm.gated_rms_norm(out.astype(dt), z, p["norm"], cfg.rms_norm_eps)
+  out = common.recompute(functools.partial(norm.gated_rms_norm, eps=cfg.rms_norm_eps))(
+      out.astype(dt), z, p["norm"])
   return out.reshape(b, t, nv * dv), conv_state, ssm

@@ -64,3 +64,11 @@ def test_recompute_holds_one_layer_of_intermediates_at_a_time_on_xla_cpu():
 
   plain = temp_mib(lambda f: f)
   assert temp_mib(common.recompute) < 0.6 * plain
+
+
+def test_after_returns_its_input_unchanged_whatever_it_waits_for():
+  x = {"a": jnp.arange(6.0).reshape(2, 3), "b": jnp.int32(7)}
+  for dep in (jnp.float32(jnp.nan), jnp.float32(jnp.inf), jnp.float32(-jnp.inf),
+              (jnp.zeros((4,), jnp.bfloat16),)):
+    got = jax.jit(common.after)(x, dep)
+    assert jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), got, x) == {"a": True, "b": True}

@@ -1,0 +1,43 @@
+"""benchmarks/activation_memory.py at the smoke size on this CPU: it runs end to end, and the
+plan's figures (rl/plan.py) predict the compiler's: the whole step's temporaries within 1.25x,
+what a layer keeps for its backward pass within 15% per layer kind."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run(*args):
+  p = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "benchmarks", "activation_memory.py"), "--size=smoke",
+       "--targets=cpu", "--tokens=512", "--seq=128", *args],
+      cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+      timeout=600)
+  assert p.returncode == 0, p.stderr[-3000:]
+  out = json.loads(p.stdout.strip().splitlines()[-1])
+  assert (out["size"], out["tokens"], out["seq"]) == ("smoke", 512, 128)
+  return out["targets"]["cpu"], p.stdout
+
+
+def _kept_within(cpu, part, tolerance):
+  kept, planned = cpu["parts"][part]["kept"], cpu["plan_parts"][part]["kept"]
+  assert abs(kept / planned - 1) <= tolerance, (part, kept, planned)
+
+
+def test_smoke_run_compiles_the_step_within_the_plan():
+  cpu, stdout = _run("--parts=model,rms_norm")
+  model = cpu["parts"]["model"]["temp"]
+  assert 0.8 <= model / cpu["plan"]["total"] <= 1.25, (model, cpu["plan"])
+  _kept_within(cpu, "rms_norm", 0.15)
+  assert "rms_norm          peak" in stdout and "kept a layer" in stdout
+
+
+@pytest.mark.slow
+def test_each_layer_kind_keeps_what_the_plan_counts():
+  cpu, _ = _run("--parts=attention,gated_deltanet,moe")
+  for part in ("attention", "gated_deltanet", "moe"):
+    _kept_within(cpu, part, 0.15)
