@@ -5,7 +5,7 @@
 Mesh: experts over `expert` (512 experts / 8), dense weights and the expert weights' embed
 dimension FSDP over `fsdp` (8); each 160k row's tokens over all 64 devices (context
 parallelism over `fsdp` x `expert`). Precision and hyperparameters: configs/report_recipe.py.
-For a TPU v5p-512 slice (256 chips of 95 GiB; 57 GiB a chip by --mode=plan, 87 with twice
+For a TPU v5p-512 slice (256 chips of 95 GiB; 63 GiB a chip by --mode=plan, 99 with twice
 the activations):
   --config.mesh.shape="(1,32,8,1)" --config.plan.num_devices=256 --config.train.micro_batches=16
   --config.plan.device_kind="TPU v5p" --config.plan.device_memory_gib=95
@@ -22,8 +22,8 @@ def get_config(arg=None):
   c = report_recipe.apply(base.get_config(), "qwen3_5_397b_a17b")
   c.mesh.shape = (1, 8, 8, 1)        # data, fsdp, expert, tensor = 64 devices
   # The float32 masters and Adam moments take 108 of the 141 GiB: a micro-batch holds 2 rows,
-  # each split over the 64 devices, 119 GiB a device (--mode=plan, docs/results.md; 130 with twice the
-  # activations; with rows split over `fsdp` alone no micro-batching fits).
+  # each split over the 64 devices, 131 GiB a device (--mode=plan, docs/results.md; 153 with twice the
+  # activations, over the 141; with rows split over `fsdp` alone no micro-batching fits).
   c.train.micro_batches = 128
   c.plan.num_devices = 64
   return c

@@ -151,8 +151,8 @@ def platform_of(device_kind: str) -> str:
 
 def _held_itemsize(mc, platform: str) -> int:
   """Bytes of one kept activation element. XLA:CPU computes 16-bit floats in float32 and keeps
-  the float32 copies for the backward pass: each layer kind's kept bytes there are exactly twice
-  an H200's (benchmarks/activation_memory.py: attention 31.9 vs 15.5 KiB a token, Gated
+  the float32 copies for the backward pass: each layer kind's kept bytes there are twice an
+  H200's (benchmarks/activation_memory.py: attention 31.9 vs 15.5 KiB a token, Gated
   DeltaNet 21.1 vs 10.0, RMSNorm 4.0 vs 2.0)."""
   ab = jnp.dtype(mc.dtype).itemsize
   return 4 if platform == "cpu" and ab < 4 else ab
