@@ -26,7 +26,6 @@ run's shardings. TPU needs `libtpu`, GPU the CUDA plugin: `make setup-compile`.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from typing import Any, Optional
@@ -217,8 +216,8 @@ def run(config, target: str, programs=None) -> list[dict]:
     # attention compiles in its place, with the same query chunks.
     print("note: attention compiled as XLA's (model.attention_impl=xla): cuDNN flash attention "
           "needs the cuDNN library to compile", flush=True)
-    config = config.copy_and_resolve_references() if hasattr(config, "copy_and_resolve_references") else config
-    with config.unlocked() if hasattr(config, "unlocked") else contextlib.nullcontext():
+    config = config.copy_and_resolve_references()   # the caller's config stays as given
+    with config.unlocked():
       config.model.attention_impl = "xla"
   with config_lib.compiling_for(devices[0].platform):
     return _run(config, t, devices, programs)
