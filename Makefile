@@ -16,8 +16,9 @@ PIP_FILTER := 2>&1 | awk '/^ERROR: pip.s dependency resolver does not currently 
   /^google-jetstream [0-9.]+ requires (blobfile|coverage|parameterized|seqio), which is not installed[.]$$/ {next} \
   hdr != "" && / (requires|has requirement) / {print hdr; hdr = ""} {print}'
 # `make run` needs the runtime dependencies only; `make test` adds the test ones (torch and
-# transformers as the numerical reference, the notebook runner). Each stamp is rebuilt only
-# when its requirements change, so repeated calls are instant.
+# transformers as the numerical reference, the notebook runner, ruff: `make test` and
+# `make test-all` run `ruff check` first, its rules in pyproject.toml). Each stamp is rebuilt
+# only when its requirements change, so repeated calls are instant.
 RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 COMPILE_STAMP := $(VENV)/.installed-compile
@@ -60,10 +61,12 @@ run: $(RUN_STAMP)
 	$(PY) launch.py --config=configs/tiny_cpu.py --mode=rl
 
 test: $(TEST_STAMP)
+	$(PY) -m ruff check .
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # Everything, the tests marked slow included (what CI runs: .ci/run).
 test-all: $(TEST_STAMP)
+	$(PY) -m ruff check .
 	$(PY) -m pytest --run-slow $(XDIST) $(PYTEST_ARGS)
 
 clean:

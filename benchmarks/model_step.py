@@ -441,8 +441,8 @@ def print_breakdown(rows, step):
 
   def ratio(j, t):
     return f"{t / j:6.2f}x" if (j and t) else f"{'-':>7}"
-  print(f"\nbreakdown (ms per call, median of alternating rounds; bwd = fwd+bwd - fwd; "
-        f"ratio = torch / jax, > 1: jax faster)")
+  print("\nbreakdown (ms per call, median of alternating rounds; bwd = fwd+bwd - fwd; "
+        "ratio = torch / jax, > 1: jax faster)")
   print(f"{'component':34s} {'x':>3} {'jax fwd':>9} {'torch fwd':>9} {'ratio':>7} "
         f"{'jax bwd':>9} {'torch bwd':>9} {'ratio':>7}")
   total = {"jax": 0.0, "torch": 0.0}

@@ -1,6 +1,5 @@
 """notebooks/loss_aggregation.ipynb runs headless (fast mode: few trajectories, no RL jobs)."""
 import os
-import sys
 
 import pytest
 

@@ -9,3 +9,16 @@ from envs.chat.tokenizer import TINY_SPECIAL_IDS
 from envs.chat.tokenizer import Tokenizer
 from envs.chat.tokenizer import TokenizerError
 from envs.chat.tokenizer import load_tokenizer
+
+__all__ = [
+  "ChatFormat",
+  "ParsedTurn",
+  "ToolCall",
+  "BadToolCall",
+  "QWEN3_5_SPECIAL_IDS",
+  "SpecialIds",
+  "TINY_SPECIAL_IDS",
+  "Tokenizer",
+  "TokenizerError",
+  "load_tokenizer",
+]

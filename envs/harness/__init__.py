@@ -19,3 +19,20 @@ from envs.harness.pool import FormatSpec
 from envs.harness.trajectory import Trajectory
 from envs.harness.world import Episode
 from envs.harness.world import EpisodeResult
+
+__all__ = [
+  "batch_metrics",
+  "collate",
+  "group_train_mask",
+  "LoopSettings",
+  "run_episode",
+  "Action",
+  "Policy",
+  "SamplingParams",
+  "ScriptedPolicy",
+  "AgentPool",
+  "FormatSpec",
+  "Trajectory",
+  "Episode",
+  "EpisodeResult",
+]

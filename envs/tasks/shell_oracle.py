@@ -219,7 +219,7 @@ def _send_message(to: list, subject: str, body: str, cc: list = None):
   return _python(_lines(
       _load("mail", "mail"),
       "n = sum(1 for m in mail['messages'] if m['folder'] == 'sent')",
-      f"msg = {{'id': f's{{n:03d}}', 'folder': 'sent', 'sender': mail['owner'],",
+      "msg = {'id': f's{n:03d}', 'folder': 'sent', 'sender': mail['owner'],",
       f"       'to': {list(to)!r}, 'cc': {list(cc or [])!r}, 'subject': {subject!r},",
       f"       'body': {body!r}, 'date': {tools_lib._today()!r}}}",
       "mail['messages'].append(msg)",

@@ -34,12 +34,11 @@ import queue
 import threading
 import time
 from concurrent import futures
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
-from rl.rollout import compat
+from rl.rollout import compat  # noqa: F401  (patches JetStream on import, before its orchestrator runs)
 
 import grpc
-import numpy as np
 from jetstream.core import orchestrator
 from jetstream.core.proto import jetstream_pb2
 from jetstream.core.proto import jetstream_pb2_grpc

@@ -1,6 +1,4 @@
 """Rubric criteria: numbers in free text, before/after diffs, and that wrong work fails."""
-import json
-import os
 import shutil
 
 import pytest

@@ -1,6 +1,5 @@
 """The tokenizers: the shipped tiny BPE and the control-id check against the real vocabulary."""
 import json
-import os
 
 import pytest
 import tokenizers

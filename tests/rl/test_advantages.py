@@ -1,7 +1,6 @@
 """Advantage estimators, the zero-variance filter and group masking."""
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 

@@ -3,7 +3,6 @@ import os
 import subprocess
 import sys
 
-from configs import tiny_cpu
 from rl import pass_rates
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

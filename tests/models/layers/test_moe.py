@@ -134,7 +134,7 @@ def test_on_a_mesh_each_device_routes_its_own_tokens_with_the_same_result(rules_
   over fsdp x expert): outputs, router logits and gradients equal the one-group computation,
   and the compiled program's matmul FLOPs do not grow with the number of groups (no device
   computes another device's tokens)."""
-  from jax.sharding import NamedSharding, PartitionSpec as P
+  from jax.sharding import NamedSharding
   from models import aot
   from models import sharding
   cfg = _cfg(16, k=2, block=16)
