@@ -181,6 +181,8 @@ def parse_args(argv=None):
   ap.add_argument("--smoke", action="store_true", help="tiny config on the CPU")
   ap.add_argument("--gpu_name", default="", help="'' = nvidia-smi's; the smoke run's default "
                   "is NVIDIA H200 (its table entry, to exercise the maths)")
+  ap.add_argument("--breakdown", action="store_true",
+                  help="also time each model component alone (model_step.py --breakdown)")
   ap.add_argument("--timeout", type=float, default=100.0,
                   help="seconds per benchmark (decode: twice)")
   return ap.parse_args(argv)
@@ -258,11 +260,24 @@ def main(argv=None, run_child=None):
     context = run["prompt_len"] + run["decode_tokens"] / 2   # mean tokens cached per step
     wb = 2 if dtype == "bfloat16" else 4
     roof = {}
+    pipelined = dec.get("engine_pipelined_tokens_per_s", {})
     for c, tps in dec["engine_tokens_per_s"].items():
       r = roofline_tokens_per_s(cfg, int(c), context, figures[1], weight_bytes=wb,
                                 cache_bytes=wb)
       roof[c] = {"tokens_per_s": tps, "roofline_tokens_per_s": r, "of_roofline": tps / r}
+      if c in pipelined:
+        roof[c].update(pipelined_tokens_per_s=pipelined[c],
+                       pipelined_of_roofline=pipelined[c] / r)
     result["decode"]["roofline"] = roof
+
+  if args.breakdown:
+    # Where the model step's time goes: each component jitted alone (model_step --breakdown).
+    cmd = [py, os.path.join(HERE, "model_step.py"), "--no_torch", f"--dtype={dtype}",
+           "--compile_layers=", f"--batch={run['step_batch']}", f"--seq={run['step_seq']}",
+           "--iters=2", "--rounds=2", "--breakdown", "--breakdown_rounds=3"]
+    cmd += [f"--{k}={v}" for k, v in size.items()]
+    bd, secs = run_child("breakdown", cmd, args.timeout, env, out_dir)
+    result["breakdown"] = dict(bd.get("breakdown", bd), wall_s=secs)
 
   for name in ("model_step", "train_step", "decode"):
     peak = result[name].get("peak_bytes_in_use")

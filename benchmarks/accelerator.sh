@@ -5,6 +5,7 @@
 #
 #   benchmarks/accelerator.sh                  # on a machine with an NVIDIA GPU (< 8 minutes)
 #   ACCEL_SMOKE=1 benchmarks/accelerator.sh    # tiny config on the CPU, no install: the logic
+#   benchmarks/accelerator.sh --breakdown      # also: the model step's time per component
 #
 # PYTHON: the interpreter (default .venv/bin/python, else python3); OUT: the output folder;
 # ACCEL_TIMEOUT: seconds per benchmark (decode twice); ACCEL_NO_INSTALL=1: never pip install.
@@ -33,7 +34,7 @@ OUT="${OUT:-runs/accelerator}"
 mkdir -p "$OUT"
 
 if [[ -n "${ACCEL_SMOKE:-}" ]]; then
-  exec "$PYTHON" benchmarks/accelerator.py --smoke --out "$OUT" --timeout "${ACCEL_TIMEOUT:-300}"
+  exec "$PYTHON" benchmarks/accelerator.py --smoke --out "$OUT" --timeout "${ACCEL_TIMEOUT:-300}" "$@"
 fi
 
 if ! command -v nvidia-smi >/dev/null; then
@@ -58,4 +59,4 @@ if ! "$PYTHON" -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')" 2>
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$PYTHON" -c "import jax; print('jax', jax.__version__)"
-exec "$PYTHON" benchmarks/accelerator.py --out "$OUT" --timeout "${ACCEL_TIMEOUT:-100}"
+exec "$PYTHON" benchmarks/accelerator.py --out "$OUT" --timeout "${ACCEL_TIMEOUT:-100}" "$@"
