@@ -42,8 +42,8 @@ from rl.evaluation import print_before_after
 from rl.metrics import Metrics
 from rl.metrics import progress_bar
 from rl.metrics import quiet_logs
-from rl.metrics import run_dir
-from rl.metrics import write_json
+from rl.run_files import run_dir
+from rl.run_files import write_json
 from rl.rollout import capacity
 from rl.rollout_prefetch import RolloutPrefetcher
 from rl.rollouts import draw_rollouts

@@ -1,5 +1,5 @@
 """Where a run's figures go: runs/<name>/metrics.jsonl (always), TensorBoard (loop.tensorboard),
-progress bars on the console, and JSON files written whole (summary.json, pass-rate files)."""
+progress bars on the console (where the run's files go: rl/run_files.py)."""
 from __future__ import annotations
 
 import json
@@ -12,16 +12,6 @@ import numpy as np
 from tqdm import tqdm
 
 from rl import distributed
-
-
-def run_dir(config) -> str:
-  """runs/<name>: everything one run writes."""
-  return os.path.join(config.workdir, config.name)
-
-
-def sft_dir(config) -> str:
-  """Where SFT params are saved: sft.dir, default runs/<name>/sft (rl/sft.py's `sft_dir`)."""
-  return config.sft.dir or os.path.join(run_dir(config), "sft")
 
 
 class Metrics:
@@ -82,17 +72,6 @@ def progress_bar(config, total: int, desc: str):
   shown = bool(config.loop.progress) and distributed.is_writer()
   return tqdm(total=total, desc=desc, disable=not shown, dynamic_ncols=True, leave=True,
               mininterval=interval)
-
-
-def write_json(path: str, obj) -> None:
-  """`obj` as JSON at `path`, written to a temporary file and renamed: never half a file. In a
-  multi-process job only process 0 writes."""
-  if not distributed.is_writer():
-    return
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(obj, f, indent=1)
-  os.replace(tmp, path)
 
 
 def quiet_logs():

@@ -23,7 +23,7 @@ from envs import worlds
 from envs.tasks import task_file
 from rl import judge_server
 from rl.metrics import quiet_logs
-from rl.metrics import write_json
+from rl.run_files import write_json
 from rl.rollout import capacity
 from rl.rollouts import run_pool
 from rl.rollouts import served_policy

@@ -54,8 +54,8 @@ from configs import base
 from configs import record
 from configs.validate import ConfigError
 from rl import distributed
-from rl.metrics import run_dir
-from rl.metrics import sft_dir
+from rl.run_files import run_dir
+from rl.run_files import sft_dir
 
 # The modes that write into a run or SFT directory (`directories`).
 WRITERS = ("rl", "sft", "pass_rates")

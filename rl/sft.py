@@ -11,7 +11,6 @@ train.init_from, else the seeded init.
 from __future__ import annotations
 
 import functools
-import os
 import time
 from typing import Optional
 
@@ -35,7 +34,8 @@ from rl import distributed
 from rl.metrics import Metrics
 from rl.metrics import progress_bar
 from rl.metrics import quiet_logs
-from rl.metrics import run_dir
+from rl.run_files import run_dir
+from rl.run_files import sft_dir
 from rl.params_io import init_params
 from rl.params_io import load_params_and_meta
 from rl.params_io import save_params
@@ -273,10 +273,6 @@ def check_oracles(config, tasks) -> None:
         f"{config.envs.tasks_file!r} (envs.source={config.envs.source!r}) carry an oracle only "
         "when their file gives one. Run RL without the SFT warm start, from train.init_from: "
         "--config.loop.sft_first=False (or --config.sft.steps=0)")
-
-
-def sft_dir(config) -> str:
-  return config.sft.dir or os.path.join(run_dir(config), "sft")
 
 
 def run_sft(config, metrics: Optional[Metrics] = None):

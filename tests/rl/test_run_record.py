@@ -11,7 +11,7 @@ from configs import tiny_cpu
 from configs.validate import ConfigError
 from rl import distributed
 from rl import evaluation
-from rl import metrics
+from rl import run_files
 from rl import run_record
 
 
@@ -48,7 +48,7 @@ def _started_run(tmp_path):
   """A run directory of tiny_cpu's config as --mode=rl leaves it after some steps."""
   c = _config(tmp_path)
   run_record.guard(c, "rl")
-  rdir = metrics.run_dir(c)
+  rdir = run_files.run_dir(c)
   for rel, text in (("metrics.jsonl", '{"step": 1}\n'), ("summary.json", "{}"),
                     ("checkpoints/2/state", "x"), ("sft/4/params", "y")):
     os.makedirs(os.path.dirname(os.path.join(rdir, rel)), exist_ok=True)
@@ -202,9 +202,3 @@ def test_the_summary_records_the_config_hash_which_leaves_out_where_files_go(tmp
   assert out["config_hash"] == run_record.config_hash(c)
   assert run_record.config_hash(_config(tmp_path / "x", name="other")) == out["config_hash"]
   assert run_record.config_hash(_config(tmp_path, optim__lr=0.5)) != out["config_hash"]
-
-
-def test_the_sft_directory_is_the_one_sft_saves_to(tmp_path):
-  from rl import sft  # noqa: PLC0415  (heavy: only this test needs it)
-  for c in (_config(tmp_path), _config(tmp_path, sft__dir="/elsewhere/sft")):
-    assert metrics.sft_dir(c) == sft.sft_dir(c)

@@ -10,7 +10,7 @@ from configs import tiny_cpu
 from models import qwen3_5
 from rl import plan as train_plan
 from rl.learner import run_rl
-from rl.metrics import run_dir
+from rl.run_files import run_dir
 from rl.rollout import capacity
 
 
