@@ -1,9 +1,9 @@
 """rl/run_record.py: a run directory holds one run. The check launch.py runs before a mode
 writes anything, called directly (tests/test_launch_run_dir.py runs it through launch.py, on
 one process and on a pod)."""
-import hashlib
 import json
 import os
+import sys
 
 import pytest
 
@@ -11,8 +11,10 @@ from configs import tiny_cpu
 from configs.validate import ConfigError
 from rl import distributed
 from rl import evaluation
-from rl import run_files
 from rl import run_record
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import run_dir_utils  # noqa: E402
 
 
 def _config(tmp_path, **overrides):
@@ -28,17 +30,6 @@ def _config(tmp_path, **overrides):
   return c
 
 
-def _files(directory) -> dict:
-  """Relative path -> sha256 of every file under `directory`."""
-  out = {}
-  for dirpath, _, files in os.walk(directory):
-    for name in files:
-      path = os.path.join(dirpath, name)
-      with open(path, "rb") as f:
-        out[os.path.relpath(path, directory)] = hashlib.sha256(f.read()).hexdigest()
-  return out
-
-
 def _history(directory) -> list:
   with open(os.path.join(directory, run_record.HISTORY), encoding="utf-8") as f:
     return [json.loads(line) for line in f]
@@ -47,14 +38,7 @@ def _history(directory) -> list:
 def _started_run(tmp_path):
   """A run directory of tiny_cpu's config as --mode=rl leaves it after some steps."""
   c = _config(tmp_path)
-  run_record.guard(c, "rl")
-  rdir = run_files.run_dir(c)
-  for rel, text in (("metrics.jsonl", '{"step": 1}\n'), ("summary.json", "{}"),
-                    ("checkpoints/2/state", "x"), ("sft/4/params", "y")):
-    os.makedirs(os.path.dirname(os.path.join(rdir, rel)), exist_ok=True)
-    with open(os.path.join(rdir, rel), "w", encoding="utf-8") as f:
-      f.write(text)
-  return c, rdir
+  return c, run_dir_utils.started_run_dir(c)
 
 
 def test_a_new_run_directory_records_the_resolved_config_and_the_code(tmp_path, capsys):
@@ -85,7 +69,7 @@ def test_the_same_config_resumes_without_changes(tmp_path, capsys):
 
 def test_an_unsafe_change_refuses_naming_each_key_and_changes_no_file(tmp_path):
   _, rdir = _started_run(tmp_path)
-  before = _files(tmp_path)
+  before = run_dir_utils.file_digests(tmp_path)
   c = _config(tmp_path, optim__lr=0.5, rl__loss_reduction="token_mean", loop__progress=False)
   with pytest.raises(ConfigError) as e:
     run_record.guard(c, "rl")
@@ -96,7 +80,7 @@ def test_an_unsafe_change_refuses_naming_each_key_and_changes_no_file(tmp_path):
   # The safe one is named as such; the ways on are named.
   assert "safe to change on resume: loop.progress: true -> false (console progress bars)" in msg
   assert "--config.name=tiny_cpu-2" in msg and "--config.resume=changed" in msg
-  assert _files(tmp_path) == before
+  assert run_dir_utils.file_digests(tmp_path) == before
 
 
 def test_keys_safe_on_resume_resume_and_are_logged(tmp_path, capsys):
@@ -174,13 +158,13 @@ def test_an_sft_directory_compares_the_keys_sft_reads_when_sft_trains_into_it(tm
   verdicts = run_record.guard(_config(tmp_path, name="b", sft__dir=shared,
                                       rl__loss_reduction="token_mean"), "sft")
   assert [(v.kind, v.action) for v in verdicts] == [("run", "start"), ("sft", "resume")]
-  before = _files(tmp_path)
+  before = run_dir_utils.file_digests(tmp_path)
   with pytest.raises(ConfigError) as e:
     run_record.guard(_config(tmp_path, name="c", sft__dir=shared, sft__lr=1e-3), "sft")
   assert f"{shared} holds SFT params of another config" in str(e.value)
   assert "  sft.lr: 0.0003 -> 0.001" in str(e.value).splitlines()
   assert "another --config.sft.dir" in str(e.value)
-  assert _files(tmp_path) == before   # run directory c not made either
+  assert run_dir_utils.file_digests(tmp_path) == before   # run directory c not made either
 
 
 def test_a_run_that_only_reads_sft_params_leaves_their_directory_unchecked(tmp_path):
