@@ -30,7 +30,7 @@ from envs import worlds  # noqa: E402
 from envs.chat import ChatFormat  # noqa: E402
 from envs.chat import load_tokenizer  # noqa: E402
 from envs.chat import template as T  # noqa: E402
-from envs.harness.batch import batch_metrics  # noqa: E402
+from envs.harness.collate import batch_metrics  # noqa: E402
 from envs.harness.oracle import oracle_factory  # noqa: E402
 from envs.harness.pool import AgentPool  # noqa: E402
 from envs.harness.trajectory import Trajectory  # noqa: E402

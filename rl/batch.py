@@ -2,7 +2,7 @@
 
     example, m = build_batch(results, config)   # padded to a row-length bucket, metrics of the draw
 
-Group masking (an infrastructure fault masks a group; envs/harness/batch.py) decides which rows
+Group masking (an infrastructure fault masks a group; envs/harness/collate.py) decides which rows
 may be trained on; the zero-variance filter (rl.filter_zero_variance) which groups carry signal.
 `informative_groups` and `pick_groups` apply the same rules to choose dynamic sampling's groups.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from envs.harness.batch import batch_metrics
-from envs.harness.batch import collate
+from envs.harness.collate import batch_metrics
+from envs.harness.collate import collate
 from rl import grpo
 from rl.train_example import TrainExample
 from rl.train_step import row_lengths

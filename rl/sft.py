@@ -24,7 +24,7 @@ from envs import worlds
 from envs.chat import hf_export
 from envs.chat.tokenizer import from_config as tokenizer_from_config
 from envs.chat.tokenizer import ordinary_id_range
-from envs.harness.batch import collate
+from envs.harness.collate import collate
 from envs.harness.oracle import oracle_factory
 from envs.harness.pool import AgentPool
 from envs.tasks import task_file

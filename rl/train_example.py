@@ -27,7 +27,7 @@ class TrainExample:
       the rollout engine (0 elsewhere): the behaviour policy of the importance ratio.
     rewards: [B] float32, the world's grade of each trajectory (0 for a context overflow).
     group_ids: [B] int32, the group (task) of each row; GRPO normalises within a group.
-    valid: [B] bool, group masking's verdict (envs/harness/batch.py): False for rows that an
+    valid: [B] bool, group masking's verdict (envs/harness/collate.py): False for rows that an
       infrastructure fault or too many timeouts excluded from training.
   """
   tokens: np.ndarray
@@ -39,7 +39,7 @@ class TrainExample:
 
   @classmethod
   def from_collated(cls, arrays: dict) -> "TrainExample":
-    """From `envs.harness.batch.collate`'s arrays (its `train_mask` is `valid`)."""
+    """From `envs.harness.collate.collate`'s arrays (its `train_mask` is `valid`)."""
     return cls(tokens=arrays["tokens"], loss_mask=arrays["loss_mask"],
                rollout_logprobs=arrays["rollout_logprobs"], rewards=arrays["rewards"],
                group_ids=arrays["group_ids"], valid=arrays["train_mask"])

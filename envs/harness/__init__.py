@@ -5,9 +5,9 @@
   batch = collate(results, c.harness.max_timeouts_per_group, pad_to=c.train.seq_len)
   metrics = batch_metrics(results)
 """
-from envs.harness.batch import batch_metrics
-from envs.harness.batch import collate
-from envs.harness.batch import group_train_mask
+from envs.harness.collate import batch_metrics
+from envs.harness.collate import collate
+from envs.harness.collate import group_train_mask
 from envs.harness.agent_loop import LoopSettings
 from envs.harness.agent_loop import run_episode
 from envs.harness.policy import Action

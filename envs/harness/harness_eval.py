@@ -23,7 +23,7 @@ from envs import judge as judge_lib
 from envs import tasks as tasks_lib
 from envs import worlds
 from envs.harness import errors
-from envs.harness.batch import batch_metrics
+from envs.harness.collate import batch_metrics
 from envs.harness.episodes import task_episodes
 from envs.harness.jetstream_client import TokenClient
 from envs.harness.jetstream_client import jetstream_policy_factory

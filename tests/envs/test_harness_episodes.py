@@ -18,8 +18,8 @@ from envs import tasks as tasks_lib
 from envs import worlds
 from envs.harness import errors
 from envs.harness import harness_eval
-from envs.harness.batch import batch_metrics
-from envs.harness.batch import collate
+from envs.harness.collate import batch_metrics
+from envs.harness.collate import collate
 from envs.harness.episodes import task_episodes
 from envs.harness.oracle import OraclePolicy
 from envs.harness.oracle import oracle_factory

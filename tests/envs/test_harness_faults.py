@@ -11,7 +11,7 @@ import pytest
 
 from envs.harness import errors
 from envs.harness import testing
-from envs.harness.batch import batch_metrics
+from envs.harness.collate import batch_metrics
 from envs.harness.agent_loop import LoopSettings
 from envs.harness.policy import Action
 from envs.harness.pool import AgentPool

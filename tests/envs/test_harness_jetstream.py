@@ -9,7 +9,7 @@ import pytest
 from configs import tiny_cpu
 from envs.harness import errors
 from envs.harness import testing
-from envs.harness.batch import batch_metrics
+from envs.harness.collate import batch_metrics
 from envs.harness.jetstream_client import jetstream_policy_factory
 from envs.harness.pool import AgentPool
 from envs.harness.world import Episode

@@ -8,9 +8,9 @@ from envs.chat import ChatFormat
 from envs.chat import load_tokenizer
 from envs.harness import errors
 from envs.harness import testing
-from envs.harness.batch import batch_metrics
-from envs.harness.batch import collate
-from envs.harness.batch import group_train_mask
+from envs.harness.collate import batch_metrics
+from envs.harness.collate import collate
+from envs.harness.collate import group_train_mask
 from envs.harness.agent_loop import LoopSettings
 from envs.harness.agent_loop import NUDGE_TEXT
 from envs.harness.agent_loop import run_episode

@@ -17,7 +17,7 @@ from envs import judge as judge_lib
 from envs.harness import errors
 from envs.harness import testing
 from envs.harness.agent_loop import LoopSettings
-from envs.harness.batch import batch_metrics
+from envs.harness.collate import batch_metrics
 from envs.harness.pool import AgentPool
 from envs.harness.pool import FormatSpec
 from envs.harness.world import Episode

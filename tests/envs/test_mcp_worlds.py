@@ -28,8 +28,8 @@ from envs import tasks as tasks_lib
 from envs.apps import gateway
 from envs.harness import errors
 from envs.harness import mcp_worlds
-from envs.harness.batch import batch_metrics
-from envs.harness.batch import collate
+from envs.harness.collate import batch_metrics
+from envs.harness.collate import collate
 from envs.harness.episodes import task_episodes
 from envs.harness.jetstream_client import jetstream_policy_factory
 from envs.harness.oracle import OraclePolicy

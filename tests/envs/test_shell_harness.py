@@ -15,7 +15,7 @@ from envs import tasks as tasks_lib
 from envs import worlds
 from envs.apps import shell_tools
 from envs.harness import harness_eval
-from envs.harness.batch import batch_metrics
+from envs.harness.collate import batch_metrics
 from envs.harness.episodes import task_episodes
 from envs.harness.oracle import oracle_factory
 from envs.harness.pool import AgentPool
