@@ -213,6 +213,17 @@ def get_config() -> ml_collections.ConfigDict:
   c.optim.mu_dtype = "float32"       # dtype of Adam's first moment
   c.optim.trainable = ""             # RL updates only params whose path ('blocks/3/input_norm', 'final_norm') re.search-matches; "" = all
 
+  # Low-rank adapters (models/lora.py, docs/lora.md): with lora.rank > 0, RL trains only
+  # adapters W + (alpha / rank) A @ B on a frozen base (no base gradients or optimizer state).
+  c.lora = ml_collections.ConfigDict()
+  c.lora.rank = 0                    # adapter rank r; 0 = off (RL trains the base's params, optim.trainable)
+  c.lora.alpha = 32.0                # the update is scaled by alpha / rank
+  c.lora.targets = (                 # regexes re.search-matched against param paths ('blocks/0/mixer/q_proj'); the router only if named
+      r"mixer/(q_proj|k_proj|v_proj|o_proj|in_proj_qkv|in_proj_z|out_proj)$",
+      r"ffn/(shared_)?(gate_proj|up_proj|down_proj)$",
+      r"ffn/(wi_gate|wi_up|wo)$",
+  )
+
   # Training loop shape.
   c.train = ml_collections.ConfigDict()
   c.train.steps = 100                # optimizer steps of the run

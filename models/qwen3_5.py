@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from models import config as config_lib
 from models import hf_io
+from models import lora
 from models.config import FULL, LINEAR, ModelConfig
 from models.layers import attention
 from models.layers import common
@@ -148,13 +149,17 @@ def scan_unroll(cfg: ModelConfig) -> int:
 def _run_layers(cfg: ModelConfig, params, x, positions, cache=None, lengths=None,
                 mode: str = "prefill"):
   """Scans the layer cycle over x [batch, seq, embed]. Returns (x, router logits, cache)."""
+  adapters = params.get("lora")   # lora.attach: merged here one layer at a time
 
   def cycle_body(x, xs):
-    block_params, block_cache = xs
+    block_params, block_cache, block_adapters = xs
     router, new_cache = [], []
     for j, layer_type in enumerate(cfg.cycle):
       c = None if block_cache is None else block_cache[j]
-      x, r, c = _block(block_params[j], x, positions, cfg, layer_type, c, lengths, mode)
+      p = block_params[j]
+      if block_adapters is not None:
+        p = lora.merge_block(p, block_adapters[j], adapters["scale"])
+      x, r, c = _block(p, x, positions, cfg, layer_type, c, lengths, mode)
       router.append(r)
       new_cache.append(c)
     return x, (tuple(router), None if block_cache is None else tuple(new_cache))
@@ -162,8 +167,9 @@ def _run_layers(cfg: ModelConfig, params, x, positions, cache=None, lengths=None
   if cfg.remat == "full":
     cycle_body = jax.checkpoint(cycle_body, prevent_cse=False)
   blocks_cache = None if cache is None else cache["blocks"]
-  x, (router, new_blocks) = jax.lax.scan(cycle_body, x, (params["blocks"], blocks_cache),
-                                         unroll=scan_unroll(cfg))
+  blocks_adapters = None if adapters is None else adapters["blocks"]
+  x, (router, new_blocks) = jax.lax.scan(
+      cycle_body, x, (params["blocks"], blocks_cache, blocks_adapters), unroll=scan_unroll(cfg))
   return x, router, new_blocks
 
 
