@@ -10,7 +10,7 @@ import re
 import pytest
 
 from envs.harness import errors
-from envs.harness import testing
+from tests.envs import harness_fakes
 from envs.harness.collate import batch_metrics
 from envs.harness.agent_loop import LoopSettings
 from envs.harness.policy import Action
@@ -24,7 +24,7 @@ SETTINGS = LoopSettings(
     nudge_fraction=0.2, nudge_once=True, world_start_timeout_s=3.0, model_timeout_s=1.5,
     tool_timeout_s=1.0, grade_timeout_s=3.0, episode_timeout_s=4.0, temperature=1.0, top_p=1.0,
     top_k=0)
-WORLD = testing.FakeWorldSpec(facts=(("alpha", "412.5"),), answer="412.5")
+WORLD = harness_fakes.FakeWorldSpec(facts=(("alpha", "412.5"),), answer="412.5")
 
 
 def _call(name, **args):
@@ -36,20 +36,20 @@ SCRIPTS = {
     "hanging tool": [_call("hang", seconds=30)],
     "crashing tool": [_call("crash"), Action(content="412.5")],
     "world killed": [_call("lookup", key="alpha"), _call("die")],
-    "engine hangs": testing.HANG_ENGINE,
-    "engine raises": testing.ENGINE_RAISES,
+    "engine hangs": harness_fakes.HANG_ENGINE,
+    "engine raises": harness_fakes.ENGINE_RAISES,
     "malformed call": [BAD],
     "unknown tool": [_call("frobnicate", x=1)],
     "overflow": [_call("echo", text="z", times=20000)],
     "loops": [_call("lookup", key="alpha")],
     "slow tools": [_call("hang", seconds=0.8)],
-    "agent dies": testing.KILL_AGENT,
+    "agent dies": harness_fakes.KILL_AGENT,
     # Holds the GIL in a regex for minutes: only the parent's kill can end it.
     "wedged": [_call("lookup", key="alpha")],
 }
 
 
-class _WedgingPolicy(testing.TaskScriptPolicy):
+class _WedgingPolicy(harness_fakes.TaskScriptPolicy):
   def generate(self, prompt_ids, sampling, max_tokens, stop_ids):
     if self.read(prompt_ids).task == "wedged":
       re.match(r"(a+)+$", "a" * 64 + "b")
@@ -65,7 +65,7 @@ def pool():
 
 def _run(pool, fault, healthy=2, world=WORLD):
   eps = [Episode(task_id="fault", prompt=fault, world=world, group_id=0)]
-  eps += [Episode(task_id=f"ok{i}", prompt=testing.lookup_task("alpha"), world=WORLD, group_id=1,
+  eps += [Episode(task_id=f"ok{i}", prompt=harness_fakes.lookup_task("alpha"), world=WORLD, group_id=1,
                   sample_index=i) for i in range(healthy)]
   results = pool.run(eps)
   assert len(results) == len(eps)
@@ -94,7 +94,7 @@ def test_world_killed_mid_episode(pool):
 
 
 def test_world_start_timeout(pool):
-  r, _ = _run(pool, testing.lookup_task("alpha"),
+  r, _ = _run(pool, harness_fakes.lookup_task("alpha"),
               world=dataclasses.replace(WORLD, start_delay_s=10))
   assert r.outcome == errors.WORLD_CRASH and "world start" in r.detail and r.tainted
 
@@ -164,8 +164,8 @@ def test_random_policy_episodes_end_classified():
   """Garbage in (uniform random ids, control ids included): every episode still ends with a
   named outcome, and the trajectory accounting holds."""
   s = dataclasses.replace(SETTINGS, max_tokens_per_turn=64, episode_timeout_s=20.0)
-  factory = functools.partial(testing.UniformRandomPolicy, stop_bias=0.05)
-  eps = [Episode(task_id=f"r{i}", prompt=testing.lookup_task("alpha"), world=WORLD, group_id=i // 4,
+  factory = functools.partial(harness_fakes.UniformRandomPolicy, stop_bias=0.05)
+  eps = [Episode(task_id=f"r{i}", prompt=harness_fakes.lookup_task("alpha"), world=WORLD, group_id=i // 4,
                  sample_index=i % 4, seed=i) for i in range(12)]
   with AgentPool(2, FormatSpec(), factory, s, kill_grace_s=2.0) as p:
     results = p.run(eps)
@@ -179,9 +179,9 @@ def test_random_policy_episodes_end_classified():
 def test_world_start_gate_serialises_starts():
   """With one start slot, starts queue (counted as start_queue time), none times out."""
   slow = dataclasses.replace(WORLD, start_delay_s=0.5)
-  eps = [Episode(task_id=f"g{i}", prompt=testing.lookup_task("alpha"), world=slow, group_id=i)
+  eps = [Episode(task_id=f"g{i}", prompt=harness_fakes.lookup_task("alpha"), world=slow, group_id=i)
          for i in range(4)]
-  factory = functools.partial(testing.TaskScriptPolicy, scripts={})
+  factory = functools.partial(harness_fakes.TaskScriptPolicy, scripts={})
   with AgentPool(4, FormatSpec(), factory, SETTINGS, kill_grace_s=1.0, max_world_starts=1) as p:
     results = p.run(eps)
   assert all(r.outcome == errors.OK for r in results), [(r.outcome, r.detail) for r in results]
@@ -191,7 +191,7 @@ def test_world_start_gate_serialises_starts():
 
 def test_on_result_sees_every_result_as_it_arrives(pool):
   eps = [Episode(task_id="fault", prompt="agent dies", world=WORLD, group_id=0)]
-  eps += [Episode(task_id=f"ok{i}", prompt=testing.lookup_task("alpha"), world=WORLD, group_id=1,
+  eps += [Episode(task_id=f"ok{i}", prompt=harness_fakes.lookup_task("alpha"), world=WORLD, group_id=1,
                   sample_index=i) for i in range(3)]
   seen = []
   results = pool.run(eps, on_result=seen.append)

@@ -8,7 +8,7 @@ import pytest
 
 from configs import tiny_cpu
 from envs.harness import errors
-from envs.harness import testing
+from tests.envs import harness_fakes
 from envs.harness.collate import batch_metrics
 from envs.harness.jetstream_client import jetstream_policy_factory
 from envs.harness.pool import AgentPool
@@ -30,8 +30,8 @@ def test_episodes_through_the_rollout_server_end_classified():
   server = serve.build_server(c, port=0, warmup=False)
   try:
     c.rollout.address = server.address
-    eps = [Episode(task_id=f"j{i}", prompt=testing.lookup_task("alpha"),
-                   world=testing.FakeWorldSpec(facts=(("alpha", "1"),), answer="1"),
+    eps = [Episode(task_id=f"j{i}", prompt=harness_fakes.lookup_task("alpha"),
+                   world=harness_fakes.FakeWorldSpec(facts=(("alpha", "1"),), answer="1"),
                    group_id=i // 2, sample_index=i % 2, seed=i) for i in range(4)]
     with AgentPool.from_config(c, jetstream_policy_factory(c), 2) as pool:
       results = pool.run(eps)

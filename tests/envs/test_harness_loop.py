@@ -7,7 +7,7 @@ import pytest
 from envs.chat import ChatFormat
 from envs.chat import load_tokenizer
 from envs.harness import errors
-from envs.harness import testing
+from tests.envs import harness_fakes
 from envs.harness.collate import batch_metrics
 from envs.harness.collate import collate
 from envs.harness.collate import group_train_mask
@@ -23,7 +23,7 @@ SETTINGS = LoopSettings(
     nudge_fraction=0.2, nudge_once=True, world_start_timeout_s=10, model_timeout_s=10,
     tool_timeout_s=10, grade_timeout_s=10, episode_timeout_s=60, temperature=1.0, top_p=1.0,
     top_k=0)
-WORLD = testing.FakeWorldSpec(facts=(("alpha", "412.5"), ("beta", "x" * 40)), answer="412.5")
+WORLD = harness_fakes.FakeWorldSpec(facts=(("alpha", "412.5"), ("beta", "x" * 40)), answer="412.5")
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +31,11 @@ def fmt():
   return ChatFormat(load_tokenizer(), thinking=True)
 
 
-def _episode(task=testing.lookup_task("alpha"), world=WORLD, **kw):
+def _episode(task=harness_fakes.lookup_task("alpha"), world=WORLD, **kw):
   return Episode(task_id=kw.pop("task_id", "t0"), prompt=task, world=world, **kw)
 
 
-def _check_invariants(res, fmt, task=testing.lookup_task("alpha")):
+def _check_invariants(res, fmt, task=harness_fakes.lookup_task("alpha")):
   n = len(res.tokens)
   assert len(res.loss_mask) == n == len(res.rollout_logprobs)
   assert res.tokens[:res.prompt_len] == fmt.prompt_ids(_tools(), task)
@@ -52,7 +52,7 @@ def _tools():
 
 
 def test_oracle_episode(fmt):
-  res = run_episode(_episode(), testing.LookupOracle(fmt), fmt, SETTINGS)
+  res = run_episode(_episode(), harness_fakes.LookupOracle(fmt), fmt, SETTINGS)
   assert res.outcome == errors.OK, res.detail
   assert res.passed and res.reward == 1.0 and res.final_answer == "412.5"
   assert res.turns == 2
@@ -91,7 +91,7 @@ def test_tito_keeps_noncanonical_sampled_ids(fmt):
   assert tok.encode(tok.decode(broken)) != broken
   answer_ids = tok.encode("412.5 ") + bytewise + broken
 
-  class Sampler(testing.LookupOracle):
+  class Sampler(harness_fakes.LookupOracle):
     def generate(self, prompt_ids, sampling, max_tokens, stop_ids):
       ids, lps, fin = super().generate(prompt_ids, sampling, max_tokens, stop_ids)
       if self.read(prompt_ids).results:  # the answer turn: non-canonical ids
@@ -116,7 +116,7 @@ def test_episode_temperature_overrides_the_loops(fmt, episode_temperature, expec
   """The held-out eval samples at its own temperature (greedy at 0); None keeps the loop's."""
   seen = []
 
-  class Recorder(testing.LookupOracle):
+  class Recorder(harness_fakes.LookupOracle):
     def generate(self, prompt_ids, sampling, max_tokens, stop_ids):
       seen.append(sampling.temperature)
       return super().generate(prompt_ids, sampling, max_tokens, stop_ids)
@@ -129,8 +129,8 @@ def test_episode_temperature_overrides_the_loops(fmt, episode_temperature, expec
 def test_repair_then_success(fmt):
   bad = Action(raw="<tool_call>\n<function=lookup>\n<parameter=key>\nalpha\n</tool_call>")
   good = Action(tool_calls=[{"name": "lookup", "arguments": {"key": "alpha"}}])
-  task = testing.lookup_task("alpha")
-  policy = testing.TaskScriptPolicy(fmt, {task: [bad, good, Action(content="412.5")]})
+  task = harness_fakes.lookup_task("alpha")
+  policy = harness_fakes.TaskScriptPolicy(fmt, {task: [bad, good, Action(content="412.5")]})
   res = run_episode(_episode(), policy, fmt, SETTINGS)
   assert res.outcome == errors.OK and res.passed, res.detail
   assert res.events == {"bad_tool_call": 1, "repair": 1}
@@ -142,7 +142,7 @@ def _nudge_run(fmt, settings, sizes):
   task = "Echo things, then answer."
   script = [Action(tool_calls=[{"name": "echo", "arguments": {"text": "y", "times": n}}])
             for n in sizes] + [Action(content="412.5")]
-  return run_episode(_episode(task), testing.TaskScriptPolicy(fmt, {task: script}), fmt, settings)
+  return run_episode(_episode(task), harness_fakes.TaskScriptPolicy(fmt, {task: script}), fmt, settings)
 
 
 def test_nudge_fires_at_the_configured_point_only(fmt):

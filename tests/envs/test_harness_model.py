@@ -6,7 +6,7 @@ import pytest
 
 from configs import tiny_cpu
 from envs.harness import errors
-from envs.harness import testing
+from tests.envs import harness_fakes
 from envs.harness.local_model import local_model_factory
 from envs.harness.pool import AgentPool
 from envs.harness.world import Episode
@@ -20,8 +20,8 @@ def test_tiny_random_model_episodes_end_classified():
   c.harness.max_turns = 3
   c.harness.model_timeout_s = 300.0  # the first call compiles
   c.harness.episode_timeout_s = 600.0
-  eps = [Episode(task_id=f"m{i}", prompt=testing.lookup_task("alpha"),
-                 world=testing.FakeWorldSpec(facts=(("alpha", "1"),), answer="1"), group_id=0,
+  eps = [Episode(task_id=f"m{i}", prompt=harness_fakes.lookup_task("alpha"),
+                 world=harness_fakes.FakeWorldSpec(facts=(("alpha", "1"),), answer="1"), group_id=0,
                  sample_index=i, seed=i) for i in range(4)]
   with AgentPool.from_config(c, local_model_factory(c), 1) as pool:
     results = pool.run(eps)

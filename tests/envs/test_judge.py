@@ -15,7 +15,7 @@ import pytest
 from configs import base
 from envs import judge as judge_lib
 from envs.harness import errors
-from envs.harness import testing
+from tests.envs import harness_fakes
 from envs.harness.agent_loop import LoopSettings
 from envs.harness.collate import batch_metrics
 from envs.harness.pool import AgentPool
@@ -394,13 +394,13 @@ FACTS = (("alpha", "412.5"),)
 
 
 def _judged_world(url, rubric_list, **judge_kw):
-  task = _task(rubric_list, prompt=testing.lookup_task("alpha"))
-  return testing.JudgedWorldSpec(facts=FACTS, task_json=task.to_json(),
+  task = _task(rubric_list, prompt=harness_fakes.lookup_task("alpha"))
+  return harness_fakes.JudgedWorldSpec(facts=FACTS, task_json=task.to_json(),
                                  envs_json=json.dumps(_envs_cfg(url, **judge_kw).to_dict()))
 
 
 def _eps(worlds):
-  return [Episode(task_id=f"t{i}", prompt=testing.lookup_task("alpha"), world=w, group_id=i)
+  return [Episode(task_id=f"t{i}", prompt=harness_fakes.lookup_task("alpha"), world=w, group_id=i)
           for i, w in enumerate(worlds)]
 
 
@@ -410,10 +410,10 @@ def test_pool_runs_next_episodes_while_verdicts_are_pending(serve):
   s = serve(_by_instruction, delay_s=3.0)
   world = _judged_world(s.url, [dict(type="answer_text", text="412.5"),
                                 _crit("The reply is polite.")], model="m")
-  plain = testing.FakeWorldSpec(facts=FACTS, answer="412.5")
+  plain = harness_fakes.FakeWorldSpec(facts=FACTS, answer="412.5")
   eps = _eps([world, plain, world, world])
   seen = []
-  with AgentPool(1, FormatSpec(), functools.partial(testing.LookupOracle), SETTINGS,
+  with AgentPool(1, FormatSpec(), functools.partial(harness_fakes.LookupOracle), SETTINGS,
                  kill_grace_s=2.0) as pool:
     results = pool.run(eps, on_result=lambda r: seen.append(r.task_id))
   assert [r.task_id for r in results] == ["t0", "t1", "t2", "t3"]
@@ -430,7 +430,7 @@ def test_pool_judge_errors_fail_the_criterion_and_are_counted(serve):
   s = serve(lambda body: "no verdict line")
   world = _judged_world(s.url, [dict(type="answer_text", text="412.5"),
                                 _crit("The reply is polite.")], model="m", retries=1)
-  with AgentPool(1, FormatSpec(), functools.partial(testing.LookupOracle), SETTINGS,
+  with AgentPool(1, FormatSpec(), functools.partial(harness_fakes.LookupOracle), SETTINGS,
                  kill_grace_s=2.0) as pool:
     results = pool.run(_eps([world, world]))
   for r in results:

@@ -1,4 +1,4 @@
-"""A stand-in world process for harness tests and benchmarks (standard library only).
+"""A stand-in world process for the harness tests (standard library only).
 
 One JSON request per line on stdin, one JSON reply per line on stdout:
   {"method": "tools"}                                  -> {"tools": [...]}

@@ -1,4 +1,4 @@
-"""Fakes for harness tests and benchmarks: a world in its own process, scripted policies.
+"""Fakes for the harness tests: a world in its own process, scripted policies.
 
 `FakeWorldSpec` starts `fake_world_server.py` as a child process (so it can hang, crash and
 be killed like a real MCP gateway). Policies here are token-level scripted policies: they
