@@ -11,10 +11,11 @@
 No text on the path: ids go in as `token_content`, ids and logprobs come back. It needs only
 grpc and protobuf (no JetStream, no JAX), so agent-loop processes stay light.
 
-It lives in the harness, beside its wire format (envs/harness/jetstream_protocol.py), rather
-than with the server in rl/rollout: the harness's own eval (envs/harness/harness_eval.py) talks
-to a served policy through it and envs must not import rl. The server (rl/rollout/orchestrator.py)
-and the trainer import both from here, which the layering allows (rl may import envs). Moving
+It lives in the harness rather than with the server in rl/rollout: the harness's own eval
+(envs/harness/harness_eval.py) talks to a served policy through it and envs must not import rl.
+The wire format both ends speak is envs/jetstream_wire.py; the server (rl/rollout/orchestrator.py)
+imports it from there and the trainer imports this client, which the layering allows (rl may
+import envs). Moving
 the module was chosen over injecting a client factory into the harness eval: the client is
 plain grpc with no dependency on the engine, and `--mode=eval` needs no caller to build it.
 """
@@ -25,7 +26,7 @@ from typing import Optional, Sequence
 
 import grpc
 
-from envs.harness import jetstream_protocol
+from envs import jetstream_wire
 
 
 class EngineError(RuntimeError):
@@ -59,13 +60,13 @@ class TokenClient:
     self._channel = grpc.insecure_channel(address, options=[
         ("grpc.max_receive_message_length", 64 << 20)])
     self._decode = self._channel.unary_stream(
-        jetstream_protocol.DECODE_METHOD, request_serializer=lambda m: m.SerializeToString(),
-        response_deserializer=jetstream_protocol.DecodeResponse.FromString)
+        jetstream_wire.DECODE_METHOD, request_serializer=lambda m: m.SerializeToString(),
+        response_deserializer=jetstream_wire.DecodeResponse.FromString)
 
   def request(self, prompt_ids: Sequence[int], sampling=None, max_tokens: int = 16,
               stop_ids: Optional[Sequence[int]] = None):
     """The extended DecodeRequest. sampling: any object with temperature/top_p/top_k/seed."""
-    req = jetstream_protocol.DecodeRequest(max_tokens=int(max_tokens))
+    req = jetstream_wire.DecodeRequest(max_tokens=int(max_tokens))
     req.token_content.token_ids.extend(int(i) for i in prompt_ids)
     if sampling is not None:
       req.sampling.temperature = float(sampling.temperature)
@@ -103,7 +104,7 @@ class TokenClient:
 
   def health(self, timeout_s: float = 5.0) -> bool:
     """True when the server answers JetStream's HealthCheck as live."""
-    call = self._channel.unary_unary(jetstream_protocol.HEALTH_METHOD,
+    call = self._channel.unary_unary(jetstream_wire.HEALTH_METHOD,
                                      request_serializer=lambda m: b"",
                                      response_deserializer=lambda b: b)
     try:

@@ -1,8 +1,9 @@
 """Rollout serving: the Qwen3.5 JetStream engine and its gRPC server.
 
 JetStream is imported only by `engine`, `orchestrator` and `serve`; `sampling` and `capacity`
-load without it, so the trainer stays light. The token client and its wire format, which the
-harness's agent processes use, live in envs/harness (jetstream_client.py, jetstream_protocol.py).
+load without it, so the trainer stays light. The token client, which the harness's agent
+processes use, lives in envs/harness/jetstream_client.py; the wire format both sides speak in
+envs/jetstream_wire.py.
 JetStream is installed without seqio and TensorFlow (`seqio_standin`).
 """
 from rl.rollout import seqio_standin

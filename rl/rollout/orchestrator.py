@@ -23,7 +23,7 @@ What is extended, and why (JetStream 0.2.2 itself is used unchanged):
     could keep a thread blocked on a full queue for minutes), within a bound.
 - `TitoOrchestrator(LLMOrchestrator)`: `Decode` validates the request before it reaches the
   driver (a bad prompt in JetStream's prefill thread kills the process), reads the extended
-  fields (envs/harness/jetstream_protocol.py) and streams extended responses.
+  fields (envs/jetstream_wire.py) and streams extended responses.
 - `RolloutServer`: JetStream's `JetStreamServer` hard-wires the plain orchestrator, so the
   gRPC server (asyncio loop thread + grpc.aio) is assembled here around `TitoOrchestrator`.
 """
@@ -45,7 +45,7 @@ from jetstream.core.proto import jetstream_pb2_grpc
 from jetstream.core.utils import async_multifuture
 from jetstream.engine import engine_api
 
-from envs.harness import jetstream_protocol
+from envs import jetstream_wire
 from rl.rollout.engine import MAX_STOP_IDS
 from rl.rollout.engine import PrefillInput
 from rl.rollout.engine import QwenEngine
@@ -308,7 +308,7 @@ class TitoOrchestrator(orchestrator.LLMOrchestrator):
   def parse(self, request) -> TitoRequest:
     """Validates a DecodeRequest (JetStream's or the extended one) -> a TitoRequest sans channel."""
     engine = self._engine
-    ext = jetstream_protocol.DecodeRequest.FromString(request.SerializeToString())
+    ext = jetstream_wire.DecodeRequest.FromString(request.SerializeToString())
     which = request.WhichOneof("content")
     if which == "token_content":
       ids = [int(i) for i in request.token_content.token_ids]
@@ -325,7 +325,7 @@ class TitoOrchestrator(orchestrator.LLMOrchestrator):
                          client_side=(which == "token_content"))
 
   def _response(self, chunks: Sequence[Chunk], text: bool):
-    resp = jetstream_protocol.DecodeResponse()
+    resp = jetstream_wire.DecodeResponse()
     sample = resp.stream_content.samples.add(
         token_ids=[c.token for c in chunks], logprobs=[c.logprob for c in chunks],
         finish_reason=chunks[-1].finish, weights_version=chunks[-1].version)

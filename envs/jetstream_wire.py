@@ -18,8 +18,9 @@ the other way. JetStream's own client and tools see ordinary messages and ignore
                        int64 weights_version = 102 } } }
 
 The descriptors are built here at import (no generated code, no protoc); only protobuf is
-needed, so the client does not import JetStream. Both ends use this module: the client
-(envs/harness/jetstream_client.py) and the server (rl/rollout/orchestrator.py).
+needed, so the client does not import JetStream. Both ends import this module, which belongs to
+neither: the client (envs/harness/jetstream_client.py) and the server
+(rl/rollout/orchestrator.py).
 """
 from google.protobuf import descriptor_pb2
 from google.protobuf import descriptor_pool
