@@ -35,7 +35,7 @@ from envs.harness.pool import AgentPool  # noqa: E402
 from rl import evaluation  # noqa: E402
 from rl import metrics  # noqa: E402
 from rl import params_io  # noqa: E402
-from rl import rollouts  # noqa: E402
+from rl.rollout import draw  # noqa: E402
 from rl import task_data  # noqa: E402
 from rl.rollout.serve import build_server  # noqa: E402
 
@@ -73,7 +73,7 @@ def run_arm(config, params, buckets, overrides, tasks, fmt, passes: int = 1):
       pass_s = []
       for _ in range(passes):   # later passes: every shape compiled, as in make run's second eval
         t0 = time.monotonic()
-        results = rollouts.run_pool(pool, eps, cfg, f"eval, buckets {buckets}")
+        results = draw.run_pool(pool, eps, cfg, f"eval, buckets {buckets}")
         pass_s.append(time.monotonic() - t0)
       t_eval = pass_s[0]
     engine_buckets = server.engine.buckets

@@ -44,7 +44,7 @@ from models import sharding  # noqa: E402
 from rl import batch  # noqa: E402
 from rl import metrics  # noqa: E402
 from rl import params_io  # noqa: E402
-from rl import rollouts  # noqa: E402
+from rl.rollout import draw  # noqa: E402
 from rl import task_data  # noqa: E402
 from rl.rollout.serve import build_server  # noqa: E402
 from rl.train_step import TrainStep  # noqa: E402
@@ -161,7 +161,7 @@ def main():
   try:
     with AgentPool.from_config(cfg, jetstream_policy_factory(cfg)) as pool:
       eps = task_data.make_episodes(picked, cfg, int(cfg.train.samples_per_prompt), seed_offset=104729)
-      results = rollouts.run_pool(pool, eps, cfg, "rollouts")
+      results = draw.run_pool(pool, eps, cfg, "rollouts")
   finally:
     server.stop()
   t_roll = time.monotonic() - t0

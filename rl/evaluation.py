@@ -15,7 +15,7 @@ from envs import scripted_eval
 from rl import distributed
 from rl import judge_server
 from rl import run_record
-from rl.rollouts import run_pool
+from rl.rollout.draw import run_pool
 from rl.task_data import make_episodes
 
 # Added to every held-out episode seed at step s: 7919 * (s + 1); RL draws use 104729 * (s + 1).

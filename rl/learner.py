@@ -45,10 +45,10 @@ from rl.metrics import quiet_logs
 from rl.run_files import run_dir
 from rl.run_files import write_json
 from rl.rollout import capacity
-from rl.rollout_prefetch import RolloutPrefetcher
-from rl.rollouts import draw_rollouts
-from rl.rollouts import engine_scalars
-from rl.rollouts import served_policy
+from rl.rollout.prefetch import RolloutPrefetcher
+from rl.rollout.draw import draw_rollouts
+from rl.rollout.draw import engine_scalars
+from rl.rollout.draw import served_policy
 from rl.sft import start_params
 from rl.task_data import TaskStream
 from rl.task_data import select_tasks

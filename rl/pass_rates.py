@@ -25,8 +25,8 @@ from rl import judge_server
 from rl.metrics import quiet_logs
 from rl.run_files import write_json
 from rl.rollout import capacity
-from rl.rollouts import run_pool
-from rl.rollouts import served_policy
+from rl.rollout.draw import run_pool
+from rl.rollout.draw import served_policy
 from rl.sft import start_params
 from rl.task_data import make_episodes
 from rl.task_data import select_tasks

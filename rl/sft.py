@@ -40,7 +40,7 @@ from rl.params_io import init_params
 from rl.params_io import load_params_and_meta
 from rl.params_io import save_params
 from rl.params_io import start_fingerprint
-from rl.rollouts import run_pool
+from rl.rollout.draw import run_pool
 from rl.task_data import make_episodes
 from rl.task_data import select_tasks
 from rl.train_step import apply_optimizer

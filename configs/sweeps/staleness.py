@@ -1,5 +1,5 @@
 """Synchronous vs bounded-staleness RL: rollouts of the next k steps drawn while the trainer
-works (loop.max_staleness, rl/rollout_prefetch.py), k = 0 (synchronous), 1 and 2.
+works (loop.max_staleness, rl/rollout/prefetch.py), k = 0 (synchronous), 1 and 2.
 
   python launch.py --config=configs/tiny_cpu.py --mode=rl --sweep=configs/sweeps/staleness.py
 

@@ -1,4 +1,5 @@
-"""Rollout serving: the Qwen3.5 JetStream engine and its gRPC server.
+"""Rollouts: the Qwen3.5 JetStream engine and its gRPC server, and the trainer's side of them:
+one step's draw from the served policy (`draw`) and draws ahead of the train step (`prefetch`).
 
 JetStream is imported only by `engine`, `orchestrator` and `serve`; `sampling` and `capacity`
 load without it, so the trainer stays light. The token client, which the harness's agent

@@ -5,7 +5,7 @@ draw of groups (with dynamic sampling).
       results, m = draw_rollouts(pool, stream, cfg, step)   # prompts_per_step x samples_per_prompt
       server.update_weights(new_params, version + 1)        # the weight sync
 
-Rollouts may be drawn ahead of the train step (rl/rollout_prefetch.py, loop.max_staleness).
+Rollouts may be drawn ahead of the train step (rl/rollout/prefetch.py, loop.max_staleness).
 """
 from __future__ import annotations
 

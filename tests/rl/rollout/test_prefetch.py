@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from rl.rollout_prefetch import RolloutPrefetcher
+from rl.rollout.prefetch import RolloutPrefetcher
 
 
 class _Run:
