@@ -9,9 +9,15 @@ State (a dict pytree):
   opt_state  optax AdamW state (moments sharded like the params)
   step       int32 scalar, optimizer updates done so far
   rng        uint32 [2] key data for the loop's sampling (checkpointed, not used here)
-  ref_params only with rl.kl.coef > 0: the frozen reference policy (the params RL started
-             from), sharded like the params and checkpointed with them, so a resumed run keeps
-             its reference
+  ref_params only with rl.kl.coef > 0 (and no LoRA): the frozen reference policy (the params
+             RL started from), sharded like the params and checkpointed with them, so a
+             resumed run keeps its reference
+
+With LoRA (lora.rank > 0, models/lora.py) `params` are the adapters (float32) and the optimizer
+state is theirs alone; the base is a frozen input of the step (`TrainStep.base`, in
+model.param_dtype, bfloat16 allowed), neither differentiated nor in the state (a checkpoint holds
+the adapters and points at the base). The model the step runs is the base with the adapters
+merged layer by layer; the KL reference is the base itself, adapters off (no second copy).
 
 Batch (a dict of global arrays, rows sharded over the batch mesh axes):
   tokens            [batch, seq] int32   prompt + trajectory tokens, right padded
@@ -45,6 +51,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from models import lora
 from models import qwen3_5
 from models import sharding
 from models import xla_flags
@@ -230,25 +237,59 @@ class TrainStep:
     self.rules = sharding.rules_from_config(config.mesh.rules)
     self.model_cfg = model_cfg or qwen3_5.config_from_dict(config.model)
     self.optimizer = make_optimizer(config.optim, config.train.steps)
-    # The KL penalty's reference policy lives in the state (state["ref_params"]).
+    # LoRA: the state's params are adapters over the frozen `self.base` (set_base).
+    self.lora = lora.from_config(config.lora) if "lora" in config else None
+    self.base = None
+    # The KL penalty's reference policy: the state's "ref_params", or with LoRA the base.
     self.uses_ref = bool(config.rl.kl.coef)
+    self.keeps_ref = self.uses_ref and self.lora is None
+    self.base_shardings = sharding.tree_shardings(
+        qwen3_5.param_axes(self.model_cfg), self._base_shapes(), mesh, self.rules)
     self.state_shardings = self._state_shardings()
     self._jitted = None
     self._batch_signature = None
 
   # -- state -------------------------------------------------------------------------------
 
+  def _base_shapes(self):
+    return jax.eval_shape(lambda k: qwen3_5.init_params(self.model_cfg, k), jax.random.key(0))
+
   def _init_state(self, key):
     k_params, k_rng = jax.random.split(key)
-    params = qwen3_5.init_params(self.model_cfg, k_params)
+    if self.lora is None:
+      params = qwen3_5.init_params(self.model_cfg, k_params)
+    else:
+      params = lora.init(self.lora, qwen3_5.param_axes(self.model_cfg), self._base_shapes(),
+                         k_params)
     return self.state_around(params, jnp.zeros((), jnp.int32), jax.random.key_data(k_rng))
+
+  def init_base(self, key):
+    """The seeded base (LoRA without a checkpoint to start from): the params `init_state`
+    draws from `key` without LoRA, sharded."""
+    k_params, _ = jax.random.split(key)
+    with sharding.use_mesh(self.mesh, self.rules):
+      return jax.jit(lambda k: qwen3_5.init_params(self.model_cfg, k),
+                     out_shardings=self.base_shardings)(k_params)
+
+  def set_base(self, params):
+    """Places `params` as the frozen base the adapters apply to (LoRA only)."""
+    if self.lora is None:
+      raise ValueError("set_base: lora.rank is 0, the step trains the params themselves")
+    self.base = jax.device_put(params, self.base_shardings)
+
+  def model_params(self, params, base=None):
+    """What the model runs: `params`, or with LoRA the base with the adapters `params` attached
+    (call inside a traced function)."""
+    if self.lora is None:
+      return params
+    return lora.attach(self.base if base is None else base, params, self.lora.scale)
 
   def state_around(self, params, step, rng) -> dict:
     """A train state starting from `params`: a fresh optimizer state and, with the KL penalty
     on, `params` as the reference policy too."""
     state = {"params": params, "opt_state": self.optimizer.init(params), "step": step,
              "rng": rng}
-    if self.uses_ref:
+    if self.keeps_ref:
       state["ref_params"] = jax.tree.map(jnp.copy, params)
     return state
 
@@ -259,13 +300,15 @@ class TrainStep:
 
   def _state_shardings(self):
     shapes = jax.eval_shape(self._init_state, jax.random.key(0))
-    param_sh = sharding.tree_shardings(qwen3_5.param_axes(self.model_cfg), shapes["params"],
-                                  self.mesh, self.rules)
+    axes = qwen3_5.param_axes(self.model_cfg)
+    if self.lora is not None:
+      axes = lora.axes(self.lora, axes)
+    param_sh = sharding.tree_shardings(axes, shapes["params"], self.mesh, self.rules)
     rep = sharding.replicated(self.mesh)
     opt_sh = optax.tree_map_params(self.optimizer, lambda _, sh: sh, shapes["opt_state"],
                                    param_sh, transform_non_params=lambda _: rep)
     out = {"params": param_sh, "opt_state": opt_sh, "step": rep, "rng": rep}
-    if self.uses_ref:
+    if self.keeps_ref:
       out["ref_params"] = param_sh
     return out
 
@@ -328,12 +371,15 @@ class TrainStep:
       aux["loss/moe_load_balance"] = jax.lax.stop_gradient(lb)
     return loss, aux
 
-  def loss_and_grads(self, params, mini):
-    """(loss, metric sums), grads of one prepared mini-batch, accumulated over micro-batches."""
+  def loss_and_grads(self, params, mini, base=None):
+    """(loss, metric sums), grads of one prepared mini-batch, accumulated over micro-batches.
+    With LoRA `params` are the adapters and only they are differentiated (`base`: the frozen
+    base, default `self.base`)."""
     # A micro-batch without a loss token adds exactly zero, unless the MoE balance loss (which
     # every micro-batch adds whatever its mask) is on; then every micro-batch is computed.
     is_live = None if self._router_loss else (lambda mb: mb["loss_mask"].sum() > 0)
-    return grpo.microbatched_value_and_grad(self._micro_loss, params, mini,
+    loss = lambda p, mb: self._micro_loss(self.model_params(p, base), mb)
+    return grpo.microbatched_value_and_grad(loss, params, mini,
                                             self.config.train.micro_batches, is_live)
 
   def batch_logprobs(self, params, tokens, mask=None):
@@ -358,7 +404,7 @@ class TrainStep:
 
   def prepare(self, params, batch, ref_params=None):
     """Advantages, validity, old and reference logprobs: everything computed once over the
-    whole batch."""
+    whole batch. `params`, `ref_params`: what the model runs (`model_params`)."""
     rl = self.config.rl
     b = batch["tokens"].shape[0]
     valid = batch.get("valid", jnp.ones((b,), bool))
@@ -412,19 +458,21 @@ class TrainStep:
       return update((grads, opt_state, params))
     return jax.lax.cond(live, update, skip, (grads, opt_state, params))
 
-  def _step(self, state, batch):
+  def _step(self, state, batch, base=None):
     for k in REQUIRED_BATCH_KEYS:
       if k not in batch:
         raise KeyError(f"train batch lacks {k!r}; needs {REQUIRED_BATCH_KEYS}")
     params, opt_state = state["params"], state["opt_state"]
-    prepared, adv_metrics = self.prepare(params, batch, state.get("ref_params"))
+    # With LoRA the reference policy is the base, adapters off.
+    ref = base if self.lora is not None and self.uses_ref else state.get("ref_params")
+    prepared, adv_metrics = self.prepare(self.model_params(params, base), batch, ref)
     n_mini = self.config.train.mini_batches
     minis = grpo.split_micro_batches(prepared, n_mini) if n_mini > 1 else None
     sums = []
     for i in range(n_mini):
       mini = prepared if minis is None else jax.tree.map(lambda x: x[i], minis)
       mini = self.add_weights(mini)
-      (loss, aux), grads = self.loss_and_grads(params, mini)
+      (loss, aux), grads = self.loss_and_grads(params, mini, base)
       grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
       params, opt_state, updates = self._apply(grads, opt_state, params,
                                                mini["loss_mask"].sum() > 0)
@@ -440,7 +488,7 @@ class TrainStep:
     metrics["optim/lr"] = make_schedule(self.config.optim, self.config.train.steps)(step - 1)
     metrics["tokens/live_sequences"] = (prepared["loss_mask"].sum(1) > 0).sum()
     new_state = {"params": params, "opt_state": opt_state, "step": step, "rng": state["rng"]}
-    if self.uses_ref:
+    if self.keeps_ref:
       new_state["ref_params"] = state["ref_params"]
     return new_state, metrics
 
@@ -456,8 +504,11 @@ class TrainStep:
               for k, v in batch.items()}
     if self._jitted is None:
       self._batch_signature = (layout, row_len)
+      in_shardings = (self.state_shardings, self.batch_shardings(batch))
+      if self.lora is not None:   # the frozen base: an input, never donated or returned
+        in_shardings += (self.base_shardings,)
       self._jitted = jax.jit(
-          self._step, in_shardings=(self.state_shardings, self.batch_shardings(batch)),
+          self._step, in_shardings=in_shardings,
           out_shardings=(self.state_shardings, sharding.replicated(self.mesh)),
           donate_argnums=(0,),
           # The mesh's platform, not the process's: the compile mode builds this step for
@@ -472,14 +523,25 @@ class TrainStep:
                        f"compiles once per row length")
     return self._jitted
 
+  def _base_args(self, abstract: bool = False) -> tuple:
+    """The step's trailing arguments: () without LoRA, else (the base,); `abstract`: its
+    shapes and shardings when no base is set (lowering only)."""
+    if self.lora is None:
+      return ()
+    if self.base is None:
+      if not abstract:
+        raise ValueError("LoRA step without a base: call TrainStep.set_base first")
+      return (sharding.with_shardings(self._base_shapes(), self.base_shardings),)
+    return (self.base,)
+
   def __call__(self, state, batch):
     with sharding.use_mesh(self.mesh, self.rules):
-      return self._compiled_for(batch)(state, batch)
+      return self._compiled_for(batch)(state, batch, *self._base_args())
 
   def lower(self, state, batch):
     """Lowers the step for (abstract) state and batch without running it."""
     with sharding.use_mesh(self.mesh, self.rules):
-      return self._compiled_for(batch).lower(state, batch)
+      return self._compiled_for(batch).lower(state, batch, *self._base_args(abstract=True))
 
 
 def train_step(state, batch, *, step_fn: TrainStep):
