@@ -135,13 +135,7 @@ def _main(argv):
   # A run directory holds one run: refuse another config before anything is written there.
   run_record.guard(_CONFIG.value, _MODE.value)
   module_name, fn_name = _MODES[_MODE.value].split(":")
-  try:
-    module = importlib.import_module(module_name)
-  except ModuleNotFoundError as e:
-    if e.name and module_name.startswith(e.name):
-      sys.exit(f"--mode={_MODE.value} is not available yet in this checkout ({module_name} missing)")
-    raise
-  getattr(module, fn_name)(_CONFIG.value, flags.FLAGS)
+  getattr(importlib.import_module(module_name), fn_name)(_CONFIG.value, flags.FLAGS)
 
 
 if __name__ == "__main__":

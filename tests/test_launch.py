@@ -1,4 +1,5 @@
 """launch.py as a user runs it."""
+import ast
 import os
 import re
 import subprocess
@@ -10,6 +11,22 @@ from configs import qwen3_5_35b_a3b
 from models import qwen3_5
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_every_mode_names_a_function_of_a_module_in_the_checkout():
+  """launch.py's _MODES, read from its source: each `module:function` is a function defined at
+  the top of that module's file."""
+  with open(os.path.join(ROOT, "launch.py"), encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  modes = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+               and any(getattr(t, "id", None) == "_MODES" for t in n.targets))
+  assert "rl" in modes and "serve" in modes
+  for mode, target in modes.items():
+    module, fn = target.split(":")
+    path = os.path.join(ROOT, *module.split(".")) + ".py"
+    with open(path, encoding="utf-8") as f:
+      names = {n.name for n in ast.parse(f.read()).body if isinstance(n, ast.FunctionDef)}
+    assert fn in names, f"--mode={mode}: {target} is not a function of {path}"
 
 
 def test_launch_writes_compiled_programs_to_the_persistent_cache(tmp_path):
