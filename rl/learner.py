@@ -28,6 +28,7 @@ from envs import eval_summary
 from envs import judge as judge_lib
 from envs import tasks as tasks_lib
 from envs import worlds
+from models import lora
 from models import sharding
 from rl import distributed
 from rl import judge_server
@@ -42,6 +43,8 @@ from rl.evaluation import print_before_after
 from rl.metrics import Metrics
 from rl.metrics import progress_bar
 from rl.metrics import quiet_logs
+from rl.params_io import start_fingerprint
+from rl.run_files import sft_dir
 from rl.run_files import run_dir
 from rl.run_files import write_json
 from rl.rollout import capacity
@@ -102,9 +105,11 @@ def rl_step(run: RLRun, state: dict, step: int) -> tuple[dict, dict, int]:
   state, tm = run.step_fn(state, run.step_fn.shard_batch(example))
   jax.block_until_ready(state["params"])   # so the sync time below is the sync's alone
   t_sync = time.monotonic()
+  # With LoRA the state's params, and so the sync, are the adapters alone.
   run.server.update_weights(distributed.host_copy(state["params"]), version=step + 1)  # sync
   run.served_version = step + 1
   t_sync = time.monotonic() - t_sync
+  m["sync/bytes"] = float(lora.byte_count(state["params"]))
   m.update({k: float(v) for k, v in jax.device_get(tm).items() if np.ndim(v) == 0})
   m.update({"time/rollout_wait_s": t_wait, "time/weight_sync_s": t_sync,     # log
             "time/step_s": time.monotonic() - t0, "data/epoch": run.stream.epoch})
@@ -139,21 +144,52 @@ def train(run: RLRun, state: dict, start_step: int, ckpt: Checkpointer, summary:
                                                   **eval_summary.scalars(s)})
         # The position after this step's batch: batches drawn ahead are drawn again on
         # resume (same tasks and seeds).
-        ckpt.maybe_save(step + 1, state, {"data_position": data_position, "summary": summary})
+        ckpt.maybe_save(step + 1, state, {"data_position": data_position, "summary": summary,
+                                          **base_meta(config)})
   finally:
     run.prefetch.close()
   return state
 
 
+def base_meta(config) -> dict:
+  """With LoRA, what the checkpoint's adapters apply to ({"lora_base": ...}: the SFT result and
+  its start, or train.init_from's weights, or the seeded init); {} without."""
+  if not config.lora.rank:
+    return {}
+  base = start_fingerprint(config)
+  if config.loop.sft_first and config.sft.steps:
+    base = f"SFT params in {sft_dir(config)}, trained from {base}"
+  return {"lora_base": base}
+
+
+def place_base(config, step_fn: TrainStep, metrics: Metrics) -> None:
+  """LoRA: the frozen base into the step (`TrainStep.set_base`): the start params (SFT, trained
+  first when missing; train.init_from) or the seeded init."""
+  params = start_params(config, step_fn.base_shardings, metrics)
+  if params is None:
+    step_fn.set_base(step_fn.init_base(jax.random.key(config.seed)))
+  else:
+    step_fn.set_base(distributed.replicated(params))
+
+
 def restore_or_start(config, step_fn: TrainStep, ckpt: Checkpointer, metrics: Metrics
                      ) -> tuple[int, dict, dict]:
   """(first step, train state, checkpoint meta): the newest checkpoint's, or step 0 from the
-  start params (SFT, trained first when missing; train.init_from; the seeded init)."""
+  start params (SFT, trained first when missing; train.init_from; the seeded init). With LoRA
+  the state holds adapters (fresh: B = 0, the base's policy) and the base is placed first."""
+  if step_fn.lora is not None:
+    place_base(config, step_fn, metrics)
   restored = ckpt.restore_latest(step_fn.abstract_state())
   if restored is not None:
     start_step, state, meta = restored
+    saved, now = meta.get("lora_base"), base_meta(config).get("lora_base")
+    if saved != now:
+      raise ValueError(f"checkpoint step {start_step} in {ckpt.directory} holds adapters of the "
+                       f"base {saved!r}, this config's base is {now!r}")
     print(f"resumed from checkpoint step {start_step} in {ckpt.directory}", flush=True)
     return start_step, state, meta
+  if step_fn.lora is not None:
+    return 0, step_fn.init_state(jax.random.key(config.seed)), {}
   params = start_params(config, step_fn.state_shardings["params"], metrics)
   state = step_fn.init_state(jax.random.key(config.seed))
   if params is not None:
@@ -181,6 +217,10 @@ def run_rl(config, flags=None) -> dict:
     # Judge criteria without a judge: fail before SFT and rollouts, not at the first grade.
     judge_lib.require(train_tasks + eval_tasks, config.envs.judge)
   step_fn = TrainStep(config, sharding.make_mesh(config.mesh))
+  if step_fn.lora is not None and config.rollout.servers:
+    raise ValueError("lora.rank > 0 with rollout.servers: separate rollout servers take whole "
+                     "params only; serve LoRA rollouts from the trainer's process "
+                     "(rollout.servers=())")
   ckpt = Checkpointer.from_config(config)
   start_step, state, meta = restore_or_start(config, step_fn, ckpt, metrics)
   stream = TaskStream(train_tasks, config.seed, meta.get("data_position", 0))
@@ -189,8 +229,11 @@ def run_rl(config, flags=None) -> dict:
   try:
     # The engine copies the weights device to device (rl/rollout/engine.py, _place).
     # Graders reach a judge served from envs.judge.checkpoint through judged's config copy.
+    served = state["params"] if step_fn.lora is None else step_fn.base
     with judge_server.judged(config) as judged_cfg, served_policy(
-        judged_cfg, distributed.host_copy(state["params"]), start_step) as (server, cfg, pool):
+        judged_cfg, distributed.host_copy(served), start_step) as (server, cfg, pool):
+      if step_fn.lora is not None and start_step:   # resumed: the checkpoint's adapters
+        server.update_weights(distributed.host_copy(state["params"]), version=start_step)
       if "before_rl" not in summary:
         s = evaluate(pool, cfg, eval_tasks, 0, "before RL")
         summary["before_rl"] = s

@@ -7,6 +7,14 @@
     state, result = engine.generate(handle, state)     # one token for every slot
     engine.update_params(new_params)                   # weight sync; no restart, no recompile
 
+With LoRA (`lora_spec`, from lora.rank > 0) the engine serves a frozen base plus adapters: the
+params it is built with are the base, and a weight sync sends the adapters alone
+(models/lora.py), which the engine merges into its served weights, W + (alpha / r) A @ B from
+the base it keeps. Merged once per sync, decoding runs the plain model: applying the adapters
+in every decode step (merging each layer, or x @ A @ B beside each projection) would add to
+each step, memory-bound at decode batch sizes, work a sync pays once (docs/lora.md). The cost
+is the memory of the adapted weights twice (base and served).
+
 Decode state (one row per slot):
   cache        the model's decode cache (qwen3_5.init_cache): KV [cycles, slots, max_len, kv, hd]
                for the attention layers, conv [cycles, slots, k-1, conv] + ssm [cycles, slots,
@@ -57,6 +65,7 @@ from jetstream.engine import tokenizer_api
 from jetstream.engine import tokenizer_pb2
 
 from envs.chat import tokenizer as chat_tokenizer
+from models import lora
 from models import qwen3_5
 from models import sharding
 from models.layers import gated_deltanet
@@ -275,6 +284,8 @@ class QwenEngine(engine_api.Engine):
     abstract_on: None, or a (compile-only) device: then the engine holds no weights, only their
       shapes and shardings (on its mesh, or on this device without one); it cannot serve, only
       `lower_programs` (the compile mode, rl/compile_job.py).
+    lora_spec: a models.lora.LoraSpec: `params` are the frozen base, and `update_params` takes
+      adapters, merged into the served weights; None = weight syncs send whole params.
   """
 
   def __init__(self, cfg, *, slots: int, max_len: int, prefill_buckets: Sequence[int],
@@ -282,7 +293,8 @@ class QwenEngine(engine_api.Engine):
                stop_ids: Sequence[int] = (), cache_dtype: Optional[str] = None, tokenizer_cfg=None,
                mesh=None, rules=None, prefix_buckets: Sequence[int] = (), prefix_min_len: int = 256,
                initial_version: int = 0, turn_cache: int = 0,
-               weights_dtype: Optional[str] = None, abstract_on: Optional[Any] = None):
+               weights_dtype: Optional[str] = None, abstract_on: Optional[Any] = None,
+               lora_spec: Optional[lora.LoraSpec] = None):
     if max_len > cfg.max_position_embeddings:
       raise ValueError(f"max_len {max_len} > model max_position_embeddings "
                        f"{cfg.max_position_embeddings}")
@@ -322,6 +334,7 @@ class QwenEngine(engine_api.Engine):
       params = jax.jit(lambda key: self._cast(init(key)), **where)(jax.random.key(init_seed))
     else:
       params = self._place(self._cast(params))
+    self._init_lora(lora_spec, params)
     self._handle = ParamsHandle(params, initial_version)
     self._prefill_jit = jax.jit(self._prefill_impl)
     self._extend_jit = jax.jit(self._extend_impl)
@@ -367,9 +380,28 @@ class QwenEngine(engine_api.Engine):
         stop_ids=r.stop_ids, cache_dtype=r.cache_dtype or None, tokenizer_cfg=config.tokenizer,
         prefix_buckets=r.prefix_buckets if r.prefix_cache else (),
         prefix_min_len=r.prefix_min_len, turn_cache=r.turn_cache, mesh=mesh, rules=rules,
-        weights_dtype=r.weights_dtype or None)
+        weights_dtype=r.weights_dtype or None,
+        lora_spec=lora.from_config(config.lora) if "lora" in config else None)
     kw.update(overrides)
     return cls(cfg, **kw)
+
+  def _init_lora(self, spec: Optional[lora.LoraSpec], base) -> None:
+    """With LoRA: keeps `base` (the served params at start: B = 0) and the adapters' shapes and
+    shardings, and jits the merge a sync runs."""
+    self._lora = spec
+    self.last_sync_bytes = 0   # bytes the last weight sync brought (adapters or whole params)
+    if spec is None:
+      return
+    axes = qwen3_5.param_axes(self.cfg)
+    self._base = base
+    self._abstract_adapters = jax.eval_shape(
+        lambda k: lora.init(spec, axes, self._abstract_params, k), jax.random.key(0))
+    self._adapter_shardings = None
+    if self._mesh is not None:
+      self._adapter_shardings = sharding.tree_shardings(
+          lora.axes(spec, axes), self._abstract_adapters, self._mesh, self._rules)
+    where = {} if self._param_shardings is None else {"out_shardings": self._param_shardings}
+    self._merge_jit = jax.jit(lambda b, a: self._cast(lora.merge(b, a, spec.scale)), **where)
 
   # -- the jitted computations --------------------------------------------------------------
 
@@ -518,17 +550,33 @@ class QwenEngine(engine_api.Engine):
 
     The tree must match the engine's (structure, shapes; floats are cast to the engine's
     dtypes) so that nothing recompiles; the arrays are placed on the engine's devices (a
-    reshard when they come from a training mesh).
+    reshard when they come from a training mesh). With LoRA, `params` are the adapters
+    (`_merged`).
     """
-    if jax.tree.structure(params) != jax.tree.structure(self._abstract_params):
-      raise ValueError("new params have a different tree structure than the engine's")
-    bad = sharding.shape_dtype_mismatches(params, self._abstract_params, cast_floats=True)
+    want = self._abstract_params if self._lora is None else self._abstract_adapters
+    if jax.tree.structure(params) != jax.tree.structure(want):
+      raise ValueError("new params have a different tree structure than the engine's"
+                       + (" adapters" if self._lora is not None else ""))
+    bad = sharding.shape_dtype_mismatches(params, want, cast_floats=True)
     if bad:
       raise ValueError("new params differ in shape/dtype (this would recompile): " + "; ".join(bad[:5]))
-    params = jax.block_until_ready(self._place(self._cast(params)))
+    self.last_sync_bytes = lora.byte_count(params)
+    if self._lora is None:
+      params = jax.block_until_ready(self._place(self._cast(params)))
+    else:
+      params = self._merged(params)
     if self._turns is not None:
       self._turns.clear()   # computed under the old weights: a next turn would not use them
     return self._handle.swap(params, version)
+
+  def _merged(self, adapters):
+    """The served weights for `adapters`: merged into the kept base (never into the weights
+    served before, so rounding does not accumulate over syncs)."""
+    where = (self._adapter_shardings if self._adapter_shardings is not None
+             else jax.local_devices()[0])
+    adapters = jax.device_put(adapters, where, may_alias=False)
+    with self._ctx():
+      return jax.block_until_ready(self._merge_jit(self._base, adapters))
 
   def params_target(self):
     """The engine's params as ShapeDtypeStructs with their shardings: a restore target that
