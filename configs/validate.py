@@ -77,13 +77,20 @@ def check_values(config, mode: str) -> None:
     raise ConfigError(f"resume={config.resume!r}: must be one of {' | '.join(RESUME)} "
                       "(docs/training.md, \"Checkpoints and resume\")")
   if mode == "rl":
-    t = config.train
-    rows, parts = t.prompts_per_step * t.samples_per_prompt, t.mini_batches * t.micro_batches
-    if rows % parts:
-      raise ConfigError(
-          f"train.micro_batches={t.micro_batches}: train.prompts_per_step x "
-          f"train.samples_per_prompt = {rows} rows do not split into train.mini_batches x "
-          f"train.micro_batches = {t.mini_batches} x {t.micro_batches}")
+    check_batch_split(config)
+
+
+def check_batch_split(config) -> None:
+  """A step's rollout batch must split into train.mini_batches x train.micro_batches (also
+  checked by rl.batch.check_batch_shape, for runs started without launch.py)."""
+  t = config.train
+  rows = int(t.prompts_per_step) * int(t.samples_per_prompt)
+  parts = int(t.mini_batches) * int(t.micro_batches)
+  if parts < 1 or rows % parts:
+    raise ConfigError(
+        f"train.micro_batches={t.micro_batches}: train.prompts_per_step x "
+        f"train.samples_per_prompt = {rows} rows do not split into train.mini_batches x "
+        f"train.micro_batches = {t.mini_batches} x {t.micro_batches}")
 
 
 def check_files(config, mode: str) -> None:

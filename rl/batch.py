@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+from configs import validate
 from envs.harness.collate import batch_metrics
 from envs.harness.collate import collate
 from rl import grpo
@@ -31,13 +32,7 @@ def check_batch_shape(config) -> None:
   if bad:
     raise ValueError(f"train.seq_buckets {tuple(config.train.seq_buckets)}: {bad} not in "
                      f"(0, train.seq_len={config.train.seq_len}]")
-  rows = int(config.train.prompts_per_step) * int(config.train.samples_per_prompt)
-  parts = int(config.train.mini_batches) * int(config.train.micro_batches)
-  if parts < 1 or rows % parts:
-    raise ValueError(
-        f"train.prompts_per_step x train.samples_per_prompt = {rows} rows do not split into "
-        f"train.mini_batches x train.micro_batches = {config.train.mini_batches} x "
-        f"{config.train.micro_batches}")
+  validate.check_batch_split(config)
 
 
 def row_length(config, longest: int) -> int:
