@@ -156,6 +156,25 @@ def unjudged(res: EpisodeResult, why: str) -> EpisodeResult:
   return res
 
 
+@dataclasses.dataclass
+class _Run:
+  """One episode's state while `run_episode` takes it through its steps."""
+  episode: Episode
+  policy: Any
+  fmt: ChatFormat
+  s: LoopSettings
+  clock: _Clock
+  res: EpisodeResult
+  events: dict
+  world: Any = None
+  schemas: dict = dataclasses.field(default_factory=dict)
+  traj: Trajectory | None = None
+  sampling: SamplingParams | None = None
+  answer: str | None = None
+  repairs: int = 0
+  nudges: int = 0
+
+
 def run_episode(episode: Episode, policy, fmt: ChatFormat, s: LoopSettings,
                 start_gate=None, judge_sink: list | None = None) -> EpisodeResult:
   """Runs one episode to an outcome; never raises.
@@ -173,160 +192,211 @@ def run_episode(episode: Episode, policy, fmt: ChatFormat, s: LoopSettings,
       judge criteria are provisional (not met, "judge pending") until `apply_verdicts`. None =
       the grade is complete when this returns.
   """
-  clock = _Clock(s.episode_timeout_s)
   res = EpisodeResult(task_id=episode.task_id, group_id=episode.group_id,
                       sample_index=episode.sample_index, outcome=errors.HARNESS_BUG,
                       worker_pid=os.getpid(), meta=dict(episode.meta))
-  events = {k: 0 for k in errors.EVENTS}
-  traj = None
-  world = None
-  answer = None
+  run = _Run(episode, policy, fmt, s, _Clock(s.episode_timeout_s), res,
+             events={k: 0 for k in errors.EVENTS})
   try:
-    gated = False
-    if start_gate is not None:
-      t0 = time.monotonic()
-      gated = start_gate.acquire(timeout=max(clock.remaining(), 0.0))
-      clock.spent["start_queue"] = time.monotonic() - t0
-      if not gated:
-        raise EpisodeError(errors.EPISODE_TIMEOUT, "no time left waiting for a world-start slot")
-    try:
-      world = clock.guarded("world_start", episode.world.start, s.world_start_timeout_s,
-                            errors.WORLD_CRASH, "world start")
-      tools = clock.guarded("world_start", world.tools, s.world_start_timeout_s,
-                            errors.WORLD_CRASH, "list tools")
-    except EpisodeError:
-      # A start abandoned mid-way may still bring up a world process nobody will close:
-      # the agent process is recycled, which takes the process group down with it.
-      res.tainted = True
-      raise
-    except Exception as e:  # noqa: BLE001 - any failure to start is the world's
-      raise EpisodeError(errors.WORLD_CRASH,
-                         f"world failed to start: {type(e).__name__}: {e}") from e
-    finally:
-      if gated:
-        start_gate.release()
-    schemas = _schemas(tools)
-    traj = Trajectory(fmt.prompt_ids(tools, episode.prompt, episode.system_prompt))
-    temperature = s.temperature if episode.temperature is None else episode.temperature
-    sampling = SamplingParams(temperature, s.top_p, s.top_k, episode.seed)
-    repairs = nudges = 0
-    while True:
-      if res.turns >= s.max_turns:
-        raise EpisodeError(errors.MAX_TURNS, f"{res.turns} turns without a final answer")
-      left = s.max_context - len(traj)
-      if left <= 0:
-        raise EpisodeError(errors.CONTEXT_OVERFLOW, f"context full ({len(traj)} tokens)")
-      max_tokens = min(s.max_tokens_per_turn, left)
-      prompt = traj.ids()
-      try:
-        ids, logprobs, finish = clock.guarded(
-            "model", lambda: policy.generate(prompt, sampling, max_tokens, fmt.stop_ids),
-            s.model_timeout_s, errors.ENGINE_ERROR, "model call")
-      except EpisodeError as e:
-        res.tainted = True  # the abandoned call may still hold a connection or a thread
-        raise e
-      except Exception as e:  # noqa: BLE001 - the engine's failures are engine errors
-        raise EpisodeError(errors.ENGINE_ERROR, f"{type(e).__name__}: {e}") from e
-      _check_sample(ids, logprobs, finish, max_tokens, fmt.tok.vocab_size)
-      traj.append_sampled(ids, logprobs)
-      res.turns += 1
-      turn = fmt.parse(ids, schemas)
-      if finish == FINISH_LENGTH and max_tokens == left:
-        raise EpisodeError(errors.CONTEXT_OVERFLOW, f"turn {res.turns} cut by the context limit")
-      results: list[str] = []
-      unknown = [c.name for c in turn.tool_calls if c.name not in schemas]
-      if turn.error is not None or unknown:
-        kind = errors.BAD_TOOL_CALL if turn.error is not None else errors.UNKNOWN_TOOL
-        events[kind] += 1
-        if repairs >= s.repair_attempts:
-          why = turn.error.reason if turn.error is not None else f"unknown tool(s) {unknown}"
-          raise EpisodeError(kind, f"{why} (after {repairs} repair messages)")
-        repairs += 1
-        events["repair"] += 1
-        if turn.error is not None:
-          results = [REPAIR_BAD_CALL.format(reason=turn.error.reason)]
-        else:
-          results = [REPAIR_UNKNOWN_TOOL.format(names=", ".join(repr(n) for n in unknown),
-                                                tools=", ".join(sorted(schemas)))]
-      elif not turn.tool_calls:
-        answer = turn.content
-        res.outcome = errors.OK
-        traj.append_context(fmt.close_turn_ids(ids))
-        break
-      else:
-        for call in turn.tool_calls:
-          try:
-            out = clock.guarded("tool", lambda c=call: world.call_tool(c.name, c.arguments),
-                                s.tool_timeout_s, errors.TOOL_TIMEOUT, f"tool {call.name}")
-          except WorldCrashed as e:
-            raise EpisodeError(errors.WORLD_CRASH, f"during tool {call.name}: {e}") from e
-          except MalformedResult as e:
-            raise EpisodeError(errors.MALFORMED_RESULT, f"tool {call.name}: {e}") from e
-          except EpisodeError as e:
-            if e.outcome == errors.TOOL_TIMEOUT:
-              events[errors.TOOL_TIMEOUT] += 1
-            raise
-          except ToolTimeout as e:
-            events[errors.TOOL_TIMEOUT] += 1
-            raise EpisodeError(errors.TOOL_TIMEOUT, f"tool {call.name}: {e}") from e
-          if out.is_error:
-            events[errors.TOOL_ERROR] += 1
-          results.append(out.text)
-      obs = fmt.observation_ids(ids, results)
-      left_next = s.max_context - len(traj) - len(obs)
-      if (s.nudge and left_next <= s.nudge_fraction * s.max_context
-          and not (s.nudge_once and nudges)):
-        notice = NUDGE_TEXT.format(left=max(left_next, 0))
-        results[-1] = results[-1].rstrip() + "\n\n" + notice
-        obs = fmt.observation_ids(ids, results)
-        nudges += 1
-        events["nudge"] += 1
-        res.meta["nudge_at_tokens"] = len(traj) + len(obs)
-      if len(traj) + len(obs) >= s.max_context:
-        # Ends here rather than after appending: the trajectory (trained, reward 0) must still
-        # fit the context, and so the training row.
-        raise EpisodeError(errors.CONTEXT_OVERFLOW,
-                           f"tool output of {len(obs)} tokens leaves no room "
-                           f"in the context ({len(traj)} of {s.max_context} used)")
-      traj.append_context(obs)
+    _start_world(run, start_gate)
+    while not _turn(run):
+      pass
   except EpisodeError as e:
     res.outcome, res.detail = e.outcome, e.detail
   except Exception as e:  # noqa: BLE001 - the taxonomy's catch-all, with the evidence
     res.outcome = errors.HARNESS_BUG
     res.detail = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}"
-  if res.outcome in errors.GRADED and world is not None:
-    pending: list = []
+  if res.outcome in errors.GRADED and run.world is not None:
+    _grade(run, judge_sink)
+  if run.world is not None:
+    _close_world(run)
+  return _finish(run)
 
-    def grade():
-      if judge_sink is None:
-        return world.grade(answer or "")
-      with judge_lib.deferred(pending):
-        return world.grade(answer or "")
-    try:
-      g = clock.guarded("grade", grade, s.grade_timeout_s, errors.HARNESS_BUG, "grading")
-      res.reward, res.passed, res.grade_details = float(g.reward), bool(g.passed), g.details
-      if judge_sink is not None:
-        judge_sink.extend(pending)
-    except EpisodeError as e:
-      res.outcome, res.detail = e.outcome, e.detail
-    except Exception as e:  # noqa: BLE001
-      res.outcome, res.detail = errors.HARNESS_BUG, f"grading failed: {type(e).__name__}: {e}"
-  if world is not None:
+
+def _start_world(run: _Run, start_gate) -> None:
+  """Starts the world (behind the pool's start gate), lists its tools, opens the trajectory
+  with the prompt."""
+  clock, s, episode = run.clock, run.s, run.episode
+  gated = False
+  if start_gate is not None:
     t0 = time.monotonic()
+    gated = start_gate.acquire(timeout=max(clock.remaining(), 0.0))
+    clock.spent["start_queue"] = time.monotonic() - t0
+    if not gated:
+      raise EpisodeError(errors.EPISODE_TIMEOUT, "no time left waiting for a world-start slot")
+  try:
+    run.world = clock.guarded("world_start", episode.world.start, s.world_start_timeout_s,
+                              errors.WORLD_CRASH, "world start")
+    tools = clock.guarded("world_start", run.world.tools, s.world_start_timeout_s,
+                          errors.WORLD_CRASH, "list tools")
+  except EpisodeError:
+    # A start abandoned mid-way may still bring up a world process nobody will close:
+    # the agent process is recycled, which takes the process group down with it.
+    run.res.tainted = True
+    raise
+  except Exception as e:  # noqa: BLE001 - any failure to start is the world's
+    raise EpisodeError(errors.WORLD_CRASH,
+                       f"world failed to start: {type(e).__name__}: {e}") from e
+  finally:
+    if gated:
+      start_gate.release()
+  run.schemas = _schemas(tools)
+  run.traj = Trajectory(run.fmt.prompt_ids(tools, episode.prompt, episode.system_prompt))
+  temperature = s.temperature if episode.temperature is None else episode.temperature
+  run.sampling = SamplingParams(temperature, s.top_p, s.top_k, episode.seed)
+
+
+def _turn(run: _Run) -> bool:
+  """One assistant turn: sample it, then answer its tool calls (or repair them) with an
+  observation. True when the turn is the final answer."""
+  ids, finish, max_tokens, left = _sample(run)
+  turn = run.fmt.parse(ids, run.schemas)
+  if finish == FINISH_LENGTH and max_tokens == left:
+    raise EpisodeError(errors.CONTEXT_OVERFLOW, f"turn {run.res.turns} cut by the context limit")
+  unknown = [c.name for c in turn.tool_calls if c.name not in run.schemas]
+  if turn.error is not None or unknown:
+    results = _repair_message(run, turn, unknown)
+  elif not turn.tool_calls:
+    run.answer = turn.content
+    run.res.outcome = errors.OK
+    run.traj.append_context(run.fmt.close_turn_ids(ids))
+    return True
+  else:
+    results = _call_tools(run, turn.tool_calls)
+  _append_observation(run, ids, results)
+  return False
+
+
+def _sample(run: _Run) -> tuple:
+  """The policy's next turn, checked and appended: (ids, finish, max_tokens, tokens left)."""
+  s, res, traj = run.s, run.res, run.traj
+  if res.turns >= s.max_turns:
+    raise EpisodeError(errors.MAX_TURNS, f"{res.turns} turns without a final answer")
+  left = s.max_context - len(traj)
+  if left <= 0:
+    raise EpisodeError(errors.CONTEXT_OVERFLOW, f"context full ({len(traj)} tokens)")
+  max_tokens = min(s.max_tokens_per_turn, left)
+  prompt = traj.ids()
+  try:
+    ids, logprobs, finish = run.clock.guarded(
+        "model", lambda: run.policy.generate(prompt, run.sampling, max_tokens, run.fmt.stop_ids),
+        s.model_timeout_s, errors.ENGINE_ERROR, "model call")
+  except EpisodeError as e:
+    res.tainted = True  # the abandoned call may still hold a connection or a thread
+    raise e
+  except Exception as e:  # noqa: BLE001 - the engine's failures are engine errors
+    raise EpisodeError(errors.ENGINE_ERROR, f"{type(e).__name__}: {e}") from e
+  _check_sample(ids, logprobs, finish, max_tokens, run.fmt.tok.vocab_size)
+  traj.append_sampled(ids, logprobs)
+  res.turns += 1
+  return ids, finish, max_tokens, left
+
+
+def _repair_message(run: _Run, turn, unknown: list) -> list[str]:
+  """The repair message for an unreadable call or an unknown tool; the episode ends instead
+  once s.repair_attempts messages were sent."""
+  kind = errors.BAD_TOOL_CALL if turn.error is not None else errors.UNKNOWN_TOOL
+  run.events[kind] += 1
+  if run.repairs >= run.s.repair_attempts:
+    why = turn.error.reason if turn.error is not None else f"unknown tool(s) {unknown}"
+    raise EpisodeError(kind, f"{why} (after {run.repairs} repair messages)")
+  run.repairs += 1
+  run.events["repair"] += 1
+  if turn.error is not None:
+    return [REPAIR_BAD_CALL.format(reason=turn.error.reason)]
+  return [REPAIR_UNKNOWN_TOOL.format(names=", ".join(repr(n) for n in unknown),
+                                     tools=", ".join(sorted(run.schemas)))]
+
+
+def _call_tools(run: _Run, calls) -> list[str]:
+  """Each tool call's result text, in order, each call under the tool timeout."""
+  events, results = run.events, []
+  for call in calls:
     try:
-      # close() kills the world process; it also unblocks any abandoned tool call.
-      reuse = res.outcome in errors.MODEL_OUTCOMES or res.outcome == errors.ENGINE_ERROR
-      call_with_timeout(lambda: world.close(reuse=reuse), 10.0, "world close")
-    except Exception:  # noqa: BLE001 - a world that will not close taints the process
-      res.tainted = True
-    clock.spent["close"] = time.monotonic() - t0
+      out = run.clock.guarded("tool", lambda c=call: run.world.call_tool(c.name, c.arguments),
+                              run.s.tool_timeout_s, errors.TOOL_TIMEOUT, f"tool {call.name}")
+    except WorldCrashed as e:
+      raise EpisodeError(errors.WORLD_CRASH, f"during tool {call.name}: {e}") from e
+    except MalformedResult as e:
+      raise EpisodeError(errors.MALFORMED_RESULT, f"tool {call.name}: {e}") from e
+    except EpisodeError as e:
+      if e.outcome == errors.TOOL_TIMEOUT:
+        events[errors.TOOL_TIMEOUT] += 1
+      raise
+    except ToolTimeout as e:
+      events[errors.TOOL_TIMEOUT] += 1
+      raise EpisodeError(errors.TOOL_TIMEOUT, f"tool {call.name}: {e}") from e
+    if out.is_error:
+      events[errors.TOOL_ERROR] += 1
+    results.append(out.text)
+  return results
+
+
+def _append_observation(run: _Run, ids, results: list[str]) -> None:
+  """The results as the next observation, with the context nudge when the context is nearly
+  full; an observation that would fill the context ends the episode instead."""
+  s, traj, fmt = run.s, run.traj, run.fmt
+  obs = fmt.observation_ids(ids, results)
+  left_next = s.max_context - len(traj) - len(obs)
+  if (s.nudge and left_next <= s.nudge_fraction * s.max_context
+      and not (s.nudge_once and run.nudges)):
+    notice = NUDGE_TEXT.format(left=max(left_next, 0))
+    results[-1] = results[-1].rstrip() + "\n\n" + notice
+    obs = fmt.observation_ids(ids, results)
+    run.nudges += 1
+    run.events["nudge"] += 1
+    run.res.meta["nudge_at_tokens"] = len(traj) + len(obs)
+  if len(traj) + len(obs) >= s.max_context:
+    # Ends here rather than after appending: the trajectory (trained, reward 0) must still
+    # fit the context, and so the training row.
+    raise EpisodeError(errors.CONTEXT_OVERFLOW,
+                       f"tool output of {len(obs)} tokens leaves no room "
+                       f"in the context ({len(traj)} of {s.max_context} used)")
+  traj.append_context(obs)
+
+
+def _grade(run: _Run, judge_sink: list | None) -> None:
+  """The world's grade of the answer (judge criteria deferred into judge_sink when given)."""
+  res, world, answer = run.res, run.world, run.answer
+  pending: list = []
+
+  def grade():
+    if judge_sink is None:
+      return world.grade(answer or "")
+    with judge_lib.deferred(pending):
+      return world.grade(answer or "")
+  try:
+    g = run.clock.guarded("grade", grade, run.s.grade_timeout_s, errors.HARNESS_BUG, "grading")
+    res.reward, res.passed, res.grade_details = float(g.reward), bool(g.passed), g.details
+    if judge_sink is not None:
+      judge_sink.extend(pending)
+  except EpisodeError as e:
+    res.outcome, res.detail = e.outcome, e.detail
+  except Exception as e:  # noqa: BLE001
+    res.outcome, res.detail = errors.HARNESS_BUG, f"grading failed: {type(e).__name__}: {e}"
+
+
+def _close_world(run: _Run) -> None:
+  t0 = time.monotonic()
+  try:
+    # close() kills the world process; it also unblocks any abandoned tool call.
+    reuse = run.res.outcome in errors.MODEL_OUTCOMES or run.res.outcome == errors.ENGINE_ERROR
+    call_with_timeout(lambda: run.world.close(reuse=reuse), 10.0, "world close")
+  except Exception:  # noqa: BLE001 - a world that will not close taints the process
+    run.res.tainted = True
+  run.clock.spent["close"] = time.monotonic() - t0
+
+
+def _finish(run: _Run) -> EpisodeResult:
+  """The result completed: the trajectory's arrays, the answer, events and timings."""
+  res, traj, clock = run.res, run.traj, run.clock
   if traj is not None:
     res.tokens = list(traj.tokens)
     res.loss_mask = list(traj.loss_mask)
     res.rollout_logprobs = list(traj.logprobs)
     res.prompt_len = traj.prompt_len
-  res.final_answer = answer or ""
-  res.events = {k: v for k, v in events.items() if v}
+  res.final_answer = run.answer or ""
+  res.events = {k: v for k, v in run.events.items() if v}
   count_judge_errors(res)
   total = time.monotonic() - clock.start
   res.timing = dict(clock.spent, total=total)
