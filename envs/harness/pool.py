@@ -261,89 +261,102 @@ class AgentPool:
       if on_result is not None:
         on_result(res)
 
-    def unjudge(w, why):
-      for idx, res, _ in w.judging.values():
-        done(idx, unjudged(res, why))
-      w.judging = {}
-
     while pending or any(w.job or w.judging for w in self._workers):
-      for w in self._workers:
-        if w.job is None and pending and not w.retire:
-          held = frozenset(o.world for o in self._workers if o.job is not None)
-          idx, ep = _take(pending, w.world, held)
-          w.world = _world_key(ep)
-          w.job = (idx, ep, time.monotonic() + budget)
-          w.conn.send(ep)
-      busy = [w for w in self._workers if w.job or w.judging]
-      deadlines = [w.job[2] for w in busy if w.job] + [
-          d for w in busy for _, _, d in w.judging.values()]
-      wait_s = max(0.0, min(deadlines) - time.monotonic())
-      ready = connection.wait([w.conn for w in busy] + [w.proc.sentinel for w in busy],
-                              timeout=wait_s)
+      self._dispatch(pending, budget)
+      ready = self._wait()
       now = time.monotonic()
       for i, w in enumerate(self._workers):
         if w.job is None and not w.judging:
           continue
-        freed = False
-        if w.conn in ready:
-          msgs = []
-          try:
-            while True:
-              msgs.append(w.conn.recv())
-              if not w.conn.poll():
-                break
-          except (EOFError, OSError):
-            pass  # gone: found dead below
-          for msg in msgs:
-            if msg[0] == "result" and w.job is not None:
-              done(w.job[0], msg[1])
-              w.job, freed = None, True
-              w.retire = w.retire or msg[1].tainted
-            elif msg[0] == "judging" and w.job is not None:
-              w.judging[msg[1]] = (w.job[0], msg[2], now + budget)
-              w.job, freed = None, True
-              w.retire = w.retire or msg[2].tainted
-            elif msg[0] == "judged" and msg[1] in w.judging:
-              idx, res, _ = w.judging.pop(msg[1])
-              _, _, update, why, secs = msg
-              res = apply_verdicts(res, update) if update is not None else unjudged(res, why)
-              res.timing["judge"] = float(secs)
-              done(idx, res)
-          if freed:  # its episode ended: a death now is the next episode's (as it finds it)
-            if w.retire and not w.judging:
-              self.recycled += 1
-              self._replace(i)
-            continue
-        if w.proc.sentinel in ready or (w.conn in ready and not w.proc.is_alive()):
-          w.proc.join(1)
-          code = w.proc.exitcode
-          task_id = w.job[1].task_id if w.job else ""
-          self.deaths.append(dict(pid=w.proc.pid, exitcode=code, task_id=task_id, why="died"))
-          if w.job is not None:
-            done(w.job[0], _failed(w.job[1], errors.HARNESS_BUG,
-                                   f"agent process {w.proc.pid} died (exit code {code})"))
-            w.job = None
-          unjudge(w, f"agent process {w.proc.pid} died before the verdicts came")
-          self._replace(i)
-          continue
-        if w.job is not None and now >= w.job[2]:
-          idx, ep, _ = w.job
-          self.deaths.append(dict(pid=w.proc.pid, exitcode=None, task_id=ep.task_id,
-                                  why="killed at the episode deadline"))
-          done(idx, _failed(ep, errors.EPISODE_TIMEOUT,
-                            f"agent process {w.proc.pid} still busy {self._grace}s after "
-                            f"the episode timeout; killed"))
-          w.job = None
-          unjudge(w, f"agent process {w.proc.pid} killed before the verdicts came")
-          self._replace(i)
-          continue
-        for seq in [q for q, (_, _, d) in w.judging.items() if now >= d]:
-          idx, res, _ = w.judging.pop(seq)
-          done(idx, unjudged(res, f"no verdict within {budget:.0f}s of the episode's end"))
-        if w.retire and w.job is None and not w.judging:
-          self.recycled += 1
-          self._replace(i)
+        self._tend(i, w, ready, now, budget, done)
     return results  # type: ignore[return-value]
+
+  def _dispatch(self, pending: list, budget: float) -> None:
+    """Sends the next episode to each idle worker, preferring the world it ran last."""
+    for w in self._workers:
+      if w.job is None and pending and not w.retire:
+        held = frozenset(o.world for o in self._workers if o.job is not None)
+        idx, ep = _take(pending, w.world, held)
+        w.world = _world_key(ep)
+        w.job = (idx, ep, time.monotonic() + budget)
+        w.conn.send(ep)
+
+  def _wait(self) -> list:
+    """Waits for a message or a death of a busy worker, or until the nearest deadline."""
+    busy = [w for w in self._workers if w.job or w.judging]
+    deadlines = [w.job[2] for w in busy if w.job] + [
+        d for w in busy for _, _, d in w.judging.values()]
+    wait_s = max(0.0, min(deadlines) - time.monotonic())
+    return connection.wait([w.conn for w in busy] + [w.proc.sentinel for w in busy],
+                           timeout=wait_s)
+
+  def _tend(self, i: int, w, ready: list, now: float, budget: float, done) -> None:
+    """One busy worker after a wait: its messages, its death, its deadlines, its retirement."""
+    if w.conn in ready and self._receive(w, now, budget, done):
+      # Its episode ended: a death now is the next episode's (as it finds it).
+      if w.retire and not w.judging:
+        self.recycled += 1
+        self._replace(i)
+      return
+    if w.proc.sentinel in ready or (w.conn in ready and not w.proc.is_alive()):
+      w.proc.join(1)
+      code = w.proc.exitcode
+      task_id = w.job[1].task_id if w.job else ""
+      self.deaths.append(dict(pid=w.proc.pid, exitcode=code, task_id=task_id, why="died"))
+      if w.job is not None:
+        done(w.job[0], _failed(w.job[1], errors.HARNESS_BUG,
+                               f"agent process {w.proc.pid} died (exit code {code})"))
+        w.job = None
+      _unjudge(w, f"agent process {w.proc.pid} died before the verdicts came", done)
+      self._replace(i)
+      return
+    if w.job is not None and now >= w.job[2]:
+      idx, ep, _ = w.job
+      self.deaths.append(dict(pid=w.proc.pid, exitcode=None, task_id=ep.task_id,
+                              why="killed at the episode deadline"))
+      done(idx, _failed(ep, errors.EPISODE_TIMEOUT,
+                        f"agent process {w.proc.pid} still busy {self._grace}s after "
+                        f"the episode timeout; killed"))
+      w.job = None
+      _unjudge(w, f"agent process {w.proc.pid} killed before the verdicts came", done)
+      self._replace(i)
+      return
+    for seq in [q for q, (_, _, d) in w.judging.items() if now >= d]:
+      idx, res, _ = w.judging.pop(seq)
+      done(idx, unjudged(res, f"no verdict within {budget:.0f}s of the episode's end"))
+    if w.retire and w.job is None and not w.judging:
+      self.recycled += 1
+      self._replace(i)
+
+  @staticmethod
+  def _receive(w, now: float, budget: float, done) -> bool:
+    """Reads every message the worker has sent; True when its episode ended (a result, or a
+    result waiting for its judge verdicts)."""
+    msgs = []
+    try:
+      while True:
+        msgs.append(w.conn.recv())
+        if not w.conn.poll():
+          break
+    except (EOFError, OSError):
+      pass  # gone: found dead by the caller
+    freed = False
+    for msg in msgs:
+      if msg[0] == "result" and w.job is not None:
+        done(w.job[0], msg[1])
+        w.job, freed = None, True
+        w.retire = w.retire or msg[1].tainted
+      elif msg[0] == "judging" and w.job is not None:
+        w.judging[msg[1]] = (w.job[0], msg[2], now + budget)
+        w.job, freed = None, True
+        w.retire = w.retire or msg[2].tainted
+      elif msg[0] == "judged" and msg[1] in w.judging:
+        idx, res, _ = w.judging.pop(msg[1])
+        _, _, update, why, secs = msg
+        res = apply_verdicts(res, update) if update is not None else unjudged(res, why)
+        res.timing["judge"] = float(secs)
+        done(idx, res)
+    return freed
 
   def close(self) -> None:
     for w in self._workers:
@@ -362,6 +375,13 @@ class AgentPool:
 
   def __exit__(self, *exc):
     self.close()
+
+
+def _unjudge(w, why: str, done) -> None:
+  """Every result of worker `w` still waiting for verdicts, completed without them."""
+  for idx, res, _ in w.judging.values():
+    done(idx, unjudged(res, why))
+  w.judging = {}
 
 
 def _failed(ep: Episode, outcome: str, detail: str) -> EpisodeResult:
