@@ -356,16 +356,6 @@ def _run(kind, code, files_dir, sandbox_cfg, output_chars, cancel):
   if not use_ns and not _warned_unconfined:
     _warned_unconfined = True
     warnings.warn(f"sandbox: {iso}", RuntimeWarning, stacklevel=3)
-
-  def preexec():
-    mb = 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_CPU, (int(lim.cpu_s), int(lim.cpu_s) + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (lim.memory_mb * mb, lim.memory_mb * mb))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (lim.file_size_mb * mb, lim.file_size_mb * mb))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (lim.open_files, lim.open_files))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_NPROC, (lim.max_processes, lim.max_processes))
-
   cmd = _command(kind, files_dir, use_ns, _root_dir(), lim.workspace_mb, lim.tmp_mb)
   env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
   t0 = time.monotonic()
@@ -374,33 +364,8 @@ def _run(kind, code, files_dir, sandbox_cfg, output_chars, cancel):
     inp.write(code.encode())
     inp.seek(0)
     proc = subprocess.Popen(cmd, stdin=inp, stdout=out, stderr=err, cwd=files_dir, env=env,
-                            start_new_session=True, preexec_fn=preexec)
-    killed_for = None
-    # unshare + boot + init + worker are 4 processes of the tree; count only what the code
-    # started.
-    if use_ns and os.path.exists(f"/proc/{proc.pid}/task/{proc.pid}/children"):
-      count = lambda pid: _count_tree(pid, lim.max_processes + 4) - 4  # noqa: E731
-    else:
-      count = _count_session
-    deadline = t0 + lim.wall_s
-    polls = 0
-    while True:
-      try:
-        # Short first waits: most runs end within a few hundred milliseconds.
-        proc.wait(timeout=0.02 if polls < 10 else 0.05)
-        break
-      except subprocess.TimeoutExpired:
-        polls += 1
-      if cancel is not None and cancel.is_set():
-        killed_for = "cancelled"
-      elif time.monotonic() > deadline:
-        killed_for = "timeout"
-      elif polls % 2 == 0 and count(proc.pid) > lim.max_processes:
-        killed_for = "process_limit"
-      if killed_for:
-        _kill_session(proc.pid)
-        proc.wait()
-        break
+                            start_new_session=True, preexec_fn=_rlimits(lim))
+    killed_for = _watch(proc, lim, use_ns, cancel, t0 + lim.wall_s)
     # Orphans of a finished run (e.g. background children) never outlive it.
     _kill_session(proc.pid)
     wall = time.monotonic() - t0
@@ -408,15 +373,63 @@ def _run(kind, code, files_dir, sandbox_cfg, output_chars, cancel):
     err.seek(0)
     stdout = out.read(output_chars * 4).decode("utf-8", "replace")[:output_chars]
     stderr = err.read(output_chars * 4).decode("utf-8", "replace")[:output_chars]
-  rc = proc.returncode
+  status, rc = _status(proc.returncode, killed_for, stderr, wall, lim.wall_s)
+  return SandboxResult(status=status, exit_code=rc, stdout=stdout, stderr=stderr, wall_s=wall,
+                       isolation=iso)
+
+
+def _rlimits(lim):
+  """The child's rlimits, set between fork and exec."""
+  def preexec():
+    mb = 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_CPU, (int(lim.cpu_s), int(lim.cpu_s) + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (lim.memory_mb * mb, lim.memory_mb * mb))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (lim.file_size_mb * mb, lim.file_size_mb * mb))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lim.open_files, lim.open_files))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NPROC, (lim.max_processes, lim.max_processes))
+  return preexec
+
+
+def _watch(proc, lim, use_ns: bool, cancel, deadline: float):
+  """Waits for the run; kills its session when it is cancelled, passes the wall clock or starts
+  too many processes, and says which (None: it ended by itself)."""
+  # unshare + boot + init + worker are 4 processes of the tree; count only what the code
+  # started.
+  if use_ns and os.path.exists(f"/proc/{proc.pid}/task/{proc.pid}/children"):
+    count = lambda pid: _count_tree(pid, lim.max_processes + 4) - 4  # noqa: E731
+  else:
+    count = _count_session
+  polls = 0
+  while True:
+    try:
+      # Short first waits: most runs end within a few hundred milliseconds.
+      proc.wait(timeout=0.02 if polls < 10 else 0.05)
+      return None
+    except subprocess.TimeoutExpired:
+      polls += 1
+    killed_for = None
+    if cancel is not None and cancel.is_set():
+      killed_for = "cancelled"
+    elif time.monotonic() > deadline:
+      killed_for = "timeout"
+    elif polls % 2 == 0 and count(proc.pid) > lim.max_processes:
+      killed_for = "process_limit"
+    if killed_for:
+      _kill_session(proc.pid)
+      proc.wait()
+      return killed_for
+
+
+def _status(rc: int, killed_for, stderr: str, wall: float, wall_s: float) -> tuple[str, int]:
+  """(SandboxResult.status, exit code) from how the run ended and what it wrote to stderr."""
   if rc < 0:
     rc = 128 - rc  # killed by signal -rc (no namespace wrapper in between)
   if killed_for:
-    status = killed_for
-    rc = -9
-  elif rc == 0:
+    return killed_for, -9
+  if rc == 0:
     status = "ok"
-  elif rc in (128 + signal.SIGXCPU, 128 + signal.SIGKILL) and wall < lim.wall_s:
+  elif rc in (128 + signal.SIGXCPU, 128 + signal.SIGKILL) and wall < wall_s:
     status = "cpu_limit" if rc == 128 + signal.SIGXCPU or _cpu_exhausted(stderr) else "memory_limit"
   elif "MemoryError" in stderr or "Cannot allocate memory" in stderr:
     status = "memory_limit"
@@ -432,8 +445,7 @@ def _run(kind, code, files_dir, sandbox_cfg, output_chars, cancel):
     status = "network_blocked"
   else:
     status = "error"
-  return SandboxResult(status=status, exit_code=rc, stdout=stdout, stderr=stderr, wall_s=wall,
-                       isolation=iso)
+  return status, rc
 
 
 def _cpu_exhausted(stderr: str) -> bool:
