@@ -2,9 +2,9 @@
 `--mode=eval`, `--mode=pass_rates`): pass@1 and mean reward over tasks with percentile bootstrap
 intervals, outcome counts, pass@1 per task family, and the lines that print them.
 
-`--mode=eval` (envs/scripted_eval.py, envs/harness/harness_eval.py) also reports per domain
-(`summarize_by_domain`) and prints its table, intervals and families with `format_eval`, and
-its last line with `eval_json`.
+`--mode=eval` (envs/scripted_eval.py, envs/harness/harness_eval.py) also reports per domain and
+its error counts (`summarize`'s domain_of, errors), prints its table, intervals and families
+with `format_eval`, and its last line with `eval_json`.
 
 The unit is the task: a task's samples are averaged first, then tasks are resampled whole, so a
 task with many samples does not count more than one with few.
@@ -39,12 +39,17 @@ def paired_bootstrap_delta(before: dict, after: dict, resamples: int, seed: int 
   return bootstrap_ci(np.array([after[i] - before[i] for i in ids]), resamples, seed, level)
 
 
-def summarize(results: Sequence, tasks: Sequence, resamples: int, seed: int = 0) -> dict:
+def summarize(results: Sequence, tasks: Sequence, resamples: int, seed: int = 0, *,
+              domain_of=None, errors: dict | None = None,
+              outcome_order: Sequence[str] | None = None) -> dict:
   """pass@1 and mean reward over tasks (samples of a task averaged first), with 95% CIs.
 
   `results` are episode results (task_id, passed, reward, outcome); `tasks` carry id and family.
   Keys: n_tasks, n_episodes, pass_at_1, pass_at_1_ci95, mean_reward, mean_reward_ci95,
   outcomes (outcome -> episodes), by_family (family -> n_tasks, pass_at_1), per_task_pass.
+  `--mode=eval`'s paths add: with `domain_of` (result -> its domain), n (episodes) and
+  by_domain (`by_domain`); with `errors` (error kind -> count), errors; with `outcome_order`,
+  the outcomes in that order, those that never happened left out.
   """
   by_task: dict[str, list] = {t.id: [] for t in tasks}
   for r in results:
@@ -66,12 +71,20 @@ def summarize(results: Sequence, tasks: Sequence, resamples: int, seed: int = 0)
       fam_rows.setdefault(family[tid], []).append(p)
   by_family = {f: {"n_tasks": len(v), "pass_at_1": float(np.mean(v))}
                for f, v in sorted(fam_rows.items())}
-  return {"n_tasks": len(rows), "n_episodes": len(results),
-          "pass_at_1": float(passed.mean()) if len(rows) else 0.0,
-          "pass_at_1_ci95": bootstrap_ci(passed, resamples, seed),
-          "mean_reward": float(reward.mean()) if len(rows) else 0.0,
-          "mean_reward_ci95": bootstrap_ci(reward, resamples, seed + 1),
-          "outcomes": outcomes, "by_family": by_family, "per_task_pass": per_task_pass}
+  if outcome_order is not None:
+    outcomes = {o: outcomes[o] for o in outcome_order if outcomes.get(o)}
+  s = {"n_tasks": len(rows), "n_episodes": len(results),
+       "pass_at_1": float(passed.mean()) if len(rows) else 0.0,
+       "pass_at_1_ci95": bootstrap_ci(passed, resamples, seed),
+       "mean_reward": float(reward.mean()) if len(rows) else 0.0,
+       "mean_reward_ci95": bootstrap_ci(reward, resamples, seed + 1),
+       "outcomes": outcomes, "by_family": by_family, "per_task_pass": per_task_pass}
+  if domain_of is not None:
+    s["n"] = len(results)
+    s["by_domain"] = by_domain(results, domain_of)
+  if errors is not None:
+    s["errors"] = dict(errors)
+  return s
 
 
 def format_summary(name: str, s: dict) -> str:
@@ -120,15 +133,6 @@ def _episode_means(results: Sequence) -> dict:
           "mean_reward": sum(r.reward for r in results) / max(n, 1)}
 
 
-def summarize_by_domain(results: Sequence, tasks: Sequence, domain_of, resamples: int,
-                        seed: int = 0) -> dict:
-  """`summarize` of an eval over `tasks`, plus n (episodes) and by_domain (`by_domain`)."""
-  s = summarize(results, tasks, resamples, seed)
-  s["n"] = len(results)
-  s["by_domain"] = by_domain(results, domain_of)
-  return s
-
-
 def format_by_family(s: dict) -> str:
   """One line: pass@1 per task family of one eval (tasks in parentheses)."""
   return "pass@1 by task family: " + (", ".join(
@@ -136,7 +140,7 @@ def format_by_family(s: dict) -> str:
 
 
 def format_eval(name: str, s: dict, elapsed_s: float) -> list:
-  """The lines an eval (`summarize_by_domain`'s `s`) prints over its tasks: one per domain, all
+  """The lines an eval (`summarize`'s `s`, with domain_of) prints over its tasks: one per domain, all
   of them with the episode rate over `elapsed_s`, the intervals, pass@1 per family."""
   lines = [f"{d:24s} n={v['n']:4d}  pass@1={v['pass_at_1']:.4f}  mean_reward={v['mean_reward']:.4f}"
            for d, v in s["by_domain"].items()]

@@ -186,13 +186,9 @@ def run_tasks(task_list, envs_cfg, policy: str, transport: str, concurrency: int
   return sorted(results, key=lambda o: order[o.task_id])
 
 
-def summarize(outcomes: list, tasks: list, resamples: int, seed: int = 0) -> dict:
-  """eval_summary's summary of the outcomes over `tasks` (pass@1 and mean reward with their
-  intervals, per family, per domain: by_domain{domain: {n, pass_at_1, mean_reward}}) and
-  errors{kind: n}."""
-  s = eval_summary.summarize_by_domain(outcomes, tasks, lambda o: o.domain, resamples, seed)
-  s["errors"] = dict(collections.Counter(e for o in outcomes for e in o.errors))
-  return s
+def error_counts(outcomes: list) -> dict:
+  """Error kind -> how often the outcomes name it."""
+  return dict(collections.Counter(e for o in outcomes for e in o.errors))
 
 
 def main(config, flags=None, split=None):
@@ -222,7 +218,8 @@ def main(config, flags=None, split=None):
   outcomes = collect(run_tasks(mine, envs_cfg, policy, config.eval.transport,
                                config.eval.concurrency, root, style=style))
   dt = time.monotonic() - t1
-  s = summarize(outcomes, task_list, config.loop.bootstrap, config.seed)
+  s = eval_summary.summarize(outcomes, task_list, config.loop.bootstrap, config.seed,
+                             domain_of=lambda o: o.domain, errors=error_counts(outcomes))
   for line in eval_summary.format_eval(f"{config.eval.split} split", s, dt):
     print(line)
   print("errors: " + (", ".join(f"{k}={v}" for k, v in sorted(s["errors"].items())) or "none"))

@@ -70,16 +70,15 @@ def policy_factory(config, tasks):
   raise ValueError(f"unknown policy {config.policy!r} (model | oracle | null)")
 
 
-def summarize(results, tasks, resamples: int, seed: int = 0) -> dict:
-  """eval_summary's summary of the results over `tasks` (pass@1 and mean reward with their
-  intervals, per family, per domain), the outcomes in taxonomy order and the error counts."""
-  s = eval_summary.summarize_by_domain(results, tasks, lambda r: r.meta.get("domain", ""),
-                                       resamples, seed)
+def episode_domain(r) -> str:
+  return r.meta.get("domain", "")
+
+
+def error_counts(results) -> dict:
+  """Error class (and judge errors) -> episodes, those that happened, from batch_metrics."""
   m = batch_metrics(results)
-  s["errors"] = {c: int(m[f"errors/{c}"]) for c in errors.ERROR_CLASSES + (errors.JUDGE_ERROR,)
-                 if m[f"errors/{c}"]}
-  s["outcomes"] = {o: s["outcomes"][o] for o in errors.OUTCOMES if s["outcomes"].get(o)}
-  return s
+  return {c: int(m[f"errors/{c}"]) for c in errors.ERROR_CLASSES + (errors.JUDGE_ERROR,)
+          if m[f"errors/{c}"]}
 
 
 def main(config, flags=None, split=None):
@@ -106,7 +105,9 @@ def main(config, flags=None, split=None):
     results = collect(pool.run(mine))
     deaths = list(pool.deaths)
   dt = time.monotonic() - t1
-  s = summarize(results, tasks, config.loop.bootstrap, config.seed)
+  s = eval_summary.summarize(results, tasks, config.loop.bootstrap, config.seed,
+                             domain_of=episode_domain, errors=error_counts(results),
+                             outcome_order=errors.OUTCOMES)
   for line in eval_summary.format_eval(f"{config.eval.split} split", s, dt):
     print(line)
   print("outcomes: " + ", ".join(f"{k}={v}" for k, v in s["outcomes"].items()))

@@ -14,6 +14,7 @@ import pytest
 
 from configs import base
 from configs import tiny_cpu
+from envs import eval_summary
 from envs import tasks as tasks_lib
 from envs import worlds
 from envs.harness import errors
@@ -160,7 +161,9 @@ def test_harness_eval_summary_counts_passes_by_domain_and_outcome(sample):
   picked = [next(t for t in tasks if t.split == "eval"), next(t for t in tasks if t.split == "train")]
   results = (_run(c, picked, oracle_factory([t.to_json() for t in picked]))
              + _run(c, picked, harness_eval.policy_factory(_with_policy(c, "null"), picked)))
-  s = harness_eval.summarize(results, picked, resamples=200)
+  s = eval_summary.summarize(results, picked, 200, domain_of=harness_eval.episode_domain,
+                             errors=harness_eval.error_counts(results),
+                             outcome_order=errors.OUTCOMES)
   assert (s["n"], s["pass_at_1"], s["mean_reward"]) == (4, 0.5, 0.5)
   domains = {t.domain for t in picked}
   assert set(s["by_domain"]) == domains

@@ -16,6 +16,7 @@ import pypdf
 import pytest
 
 from configs import base
+from envs import eval_summary
 from envs import scripted_eval
 from envs import tasks as tasks_lib
 from envs import worlds
@@ -265,7 +266,8 @@ def test_full_splits_through_real_mcp(envs_cfg, worlds_root, splits):
     ts = splits[split]
     for policy, want in (("oracle", 1.0), ("null", 0.0)):
       outs = scripted_eval.run_tasks(ts, envs_cfg, policy, "mcp", 4, worlds_root)
-      s = scripted_eval.summarize(outs, ts, resamples=200)
+      s = eval_summary.summarize(outs, ts, 200, domain_of=lambda o: o.domain,
+                                 errors=scripted_eval.error_counts(outs))
       print(split, policy, json.dumps(s))
       for o in outs:
         if o.errors:
