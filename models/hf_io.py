@@ -101,6 +101,21 @@ def _layer_index(cfg: ModelConfig, cycle_pos: int, cycle: int) -> int:
   return cycle * len(cfg.cycle) + cycle_pos
 
 
+def layer_index(cfg: ModelConfig, cycle_pos: int, cycle: int) -> int:
+  """The Hugging Face layer number of cycle `cycle` at cycle position `cycle_pos`."""
+  return _layer_index(cfg, cycle_pos, cycle)
+
+
+def module_names(cfg: ModelConfig, layer_type: str) -> dict:
+  """Our path inside a layer's params (("mixer", "q_proj")) -> the transformers module or
+  parameter holding that weight, relative to the layer ("self_attn.q_proj"), for each matrix
+  stored as ours reshaped and transposed (torch [out, in] = ours [in..., out...] flattened,
+  transposed). The routed experts are not among them (fused 3-D parameters there)."""
+  return {our: suffix[:-len(".weight")] for suffix, our, to_ours, _ in _layer_specs(cfg, layer_type)
+          if to_ours is not None and suffix.endswith(".weight") and "conv1d" not in suffix
+          and "shared_expert_gate" not in suffix}
+
+
 # -- reading ----------------------------------------------------------------------------------
 #
 # Reading is planned before any tensor is read: every parameter becomes a `_Leaf` (its global

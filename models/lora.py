@@ -109,9 +109,17 @@ def adapted_paths(spec: LoraSpec, param_axes: dict) -> list[str]:
   return [name for name in eligible if any(re.search(t, name) for t in spec.targets)]
 
 
+def _lead(axes: tuple) -> int:
+  """How many leading axes are batch axes (the router's trailing `experts` axis is its output)."""
+  n = 0
+  while n < len(axes) and axes[n] in BATCH_AXES:
+    n += 1
+  return n
+
+
 def _pair_axes(name: str, axes: tuple) -> dict:
   """Logical axes of the (a, b) pair of a leaf with logical `axes`."""
-  lead = len([a for a in axes if a in BATCH_AXES])
+  lead = _lead(axes)
   n_in = INPUT_AXES[name]
   batch, inp, out = axes[:lead], axes[lead:lead + n_in], axes[lead + n_in:]
   return {"a": batch + inp + (None,), "b": batch + (None,) + out}
@@ -152,7 +160,7 @@ def init(spec: LoraSpec, param_axes: dict, param_shapes: dict, key) -> dict:
   out = {}
   for i, name in enumerate(adapted_paths(spec, param_axes)):
     shape, ax = flat_shapes[name], flat_axes[name]
-    lead = len([a for a in ax if a in BATCH_AXES])
+    lead = _lead(ax)
     n_in = INPUT_AXES[name.rsplit("/", 1)[1]]
     inp, outs = shape[lead:lead + n_in], shape[lead + n_in:]
     bound = 1.0 / math.sqrt(math.prod(inp))

@@ -146,3 +146,12 @@ def test_gradient_reaches_every_adapter_through_the_merge(model):
   grads = jax.jit(jax.grad(loss))(adapters)
   for path, g in jax.tree_util.tree_leaves_with_path(grads):
     assert float(jnp.abs(g).max()) > 0, jax.tree_util.keystr(path)
+
+
+def test_the_router_adapter_maps_embed_to_experts_one_pair_per_layer(model):
+  cfg, params, _ = model
+  spec = _spec(targets=(r"ffn/router$",))
+  adapters = lora.init(spec, qwen3_5.param_axes(cfg), params, jax.random.key(0))
+  router = adapters["blocks"][0]["ffn"]["router"]
+  assert router["a"].shape == (cfg.num_cycles, cfg.hidden_size, spec.rank)
+  assert router["b"].shape == (cfg.num_cycles, spec.rank, cfg.num_experts)
