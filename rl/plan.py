@@ -24,6 +24,10 @@ axes' devices and attention adds the row's gathered keys and values; on host dev
 measured split saved about half what this model says (docs/model.md, "Context parallelism is a
 sharding rule").
 
+With LoRA (lora.rank > 0, models/lora.py) the params are the frozen base (model.param_dtype,
+no gradient, no optimizer state) plus the adapters, and gradients and AdamW moments are the
+adapters' alone; the base's merged weights add to the activations (`lora_terms`).
+
 Below the train step it prints the rollout engine's side (rl/rollout/capacity.py), for a serve
 job and for an engine in the trainer's process, which leaves the train step what this plan says
 it holds (`sharing_the_trainers_devices`).
@@ -38,6 +42,7 @@ import jax.numpy as jnp
 from jax.sharding import AbstractMesh, AxisType
 
 from models import config as config_lib
+from models import lora
 from models import qwen3_5
 from models import sharding
 from models.layers import attention
@@ -88,23 +93,33 @@ def memory_plan(config, num_devices: int, seq_lens=None) -> dict:
   axes = qwen3_5.param_axes(mc)
   p_shapes = jax.eval_shape(functools.partial(qwen3_5.init_params, mc), jax.random.key(0))
   tx = train_step.make_optimizer(config.optim, config.train.steps)
-  o_shapes = jax.eval_shape(tx.init, p_shapes)
+  trained = p_shapes
+  if "lora" in config and config.lora.rank:
+    trained = jax.eval_shape(lambda k: lora.init(lora.from_config(config.lora), axes, p_shapes, k),
+                             jax.random.key(0))
+  o_shapes = jax.eval_shape(tx.init, trained)
   n_param_like = sum(1 for _ in jax.tree.leaves(o_shapes) if _.ndim > 0)
-  n_params = len(jax.tree.leaves(p_shapes))
+  n_params = len(jax.tree.leaves(trained))
   if n_param_like != 2 * n_params:
     raise ValueError(f"expected AdamW state = 2 moments per param, found {n_param_like} "
                      f"array leaves for {n_params} params")
 
   params = _per_device_bytes(p_shapes, axes, mesh, rules)
+  spec = lora.from_config(config.lora) if "lora" in config else None
+  lora_plan = lora_terms(spec, mc, axes, p_shapes, mesh, rules) if spec else None
+  # What is trained: the params, or with LoRA the adapters.
+  t_shapes, t_axes = ((p_shapes, axes) if spec is None
+                      else (lora_plan["shapes"], lora_plan["axes"]))
   # Gradients are accumulated in float32 across micro-batches (params' dtype without them).
   g_dtype = jnp.float32 if config.train.micro_batches > 1 else None
-  grads = _per_device_bytes(p_shapes, axes, mesh, rules, g_dtype)
+  grads = _per_device_bytes(t_shapes, t_axes, mesh, rules, g_dtype)
   # Optimizer moments: each param-shaped leaf of the optimizer state, sharded like its param.
-  mu_bytes = _per_device_bytes(p_shapes, axes, mesh, rules, config.optim.mu_dtype)
-  nu_bytes = _per_device_bytes(p_shapes, axes, mesh, rules)
+  mu_bytes = _per_device_bytes(t_shapes, t_axes, mesh, rules, config.optim.mu_dtype)
+  nu_bytes = _per_device_bytes(t_shapes, t_axes, mesh, rules)
   opt = mu_bytes + nu_bytes
-  # The KL penalty's frozen reference policy: a second copy of the params, sharded like them.
-  ref = params if config.rl.kl.coef else 0
+  # The KL penalty's frozen reference policy: a second copy of the params, sharded like them
+  # (with LoRA the reference is the base itself).
+  ref = params if config.rl.kl.coef and spec is None else 0
 
   counts = qwen3_5.count_params(mc)
   batch_ways = math.prod(mesh.shape[a] for a in sharding.rule_axes(rules, "batch"))
@@ -120,12 +135,39 @@ def memory_plan(config, num_devices: int, seq_lens=None) -> dict:
   platform = getattr(config_lib._TARGET, "platform", None) or platform_of(config.plan.device_kind)  # pylint: disable=protected-access
   act = []
   for t in (seq_lens or [config.train.seq_len]):
-    act.append((t, activation_bytes(mc, t, max(rows_dev, 1.0), tensor_ways, length_ways,
-                                    platform)))
+    a = activation_bytes(mc, t, max(rows_dev, 1.0), tensor_ways, length_ways, platform)
+    if lora_plan:   # the merged weights: kept for the backward pass, or one cycle's at a time
+      a["lora_merged"] = lora_plan["merged_kept" if mc.remat != "full" else "merged_cycle"]
+      a["total"] += a["lora_merged"]
+    act.append((t, a))
+  if lora_plan:
+    params += lora_plan["adapters"]
   return {"mesh": dict(mesh.shape), "num_devices": num_devices, "counts": counts,
+          "lora": lora_plan and {k: v for k, v in lora_plan.items() if k not in ("shapes", "axes")},
           "params": params, "grads": grads, "opt": opt, "ref_params": ref, "activations": act,
           "rows_per_device": rows_dev, "rows_per_micro_batch": rows_mb,
           "length_ways": length_ways, "platform": platform}
+
+
+def lora_terms(spec, mc, axes, p_shapes, mesh, rules) -> dict:
+  """LoRA's bytes a device: the adapters (float32, sharded like their weights: models/lora.py),
+  the frozen base's share, and the merged weights the layer scan makes (models/qwen3_5.py):
+  with remat=none the backward pass keeps every layer's (one more copy of the adapted weights,
+  in the base's dtype), with remat=full one layer cycle's at a time. Also the adapters' shapes
+  and axes, which the gradients and optimizer state take."""
+  a_shapes = jax.eval_shape(lambda k: lora.init(spec, axes, p_shapes, k), jax.random.key(0))
+  a_axes = lora.axes(spec, axes)
+  adapted = set(lora.adapted_paths(spec, axes))
+  leaves = jax.tree_util.tree_flatten_with_path(p_shapes)[0]
+  flat_axes = dict(zip([jax.tree_util.keystr(p, simple=True, separator="/") for p, _ in leaves],
+                       (a for a, _ in _leaves(axes, p_shapes))))
+  merged = sum(_shard_elements(flat_axes[name], sds, mesh, rules) * jnp.dtype(sds.dtype).itemsize
+               for name, sds in ((jax.tree_util.keystr(p, simple=True, separator="/"), s)
+                                 for p, s in leaves) if name in adapted)
+  return {"shapes": a_shapes, "axes": a_axes, "rank": spec.rank,
+          "adapters": _per_device_bytes(a_shapes, a_axes, mesh, rules),
+          "adapter_count": sum(math.prod(x.shape) for x in jax.tree.leaves(a_shapes)),
+          "merged_kept": merged, "merged_cycle": merged // max(mc.num_cycles, 1)}
 
 
 # Per-token float32 tensors the Gated DeltaNet layer's backward pass holds at its peak (the
@@ -306,8 +348,15 @@ def format_plan(config, plan: dict) -> str:
   static = plan["params"] + plan["grads"] + plan["opt"] + plan["ref_params"]
   lines.append("")
   lines.append(f"  {'per device':28s}{'bytes':>14s}")
-  lines.append(f"  {'params':28s}{_fmt(plan['params'])}")
-  lines.append(f"  {'gradients':28s}{_fmt(plan['grads'])}")
+  lo = plan.get("lora")
+  if lo:
+    lines.append(f"  {'params (frozen base)':28s}{_fmt(plan['params'] - lo['adapters'])}")
+    lines.append(f"  {'LoRA adapters (float32)':28s}{_fmt(lo['adapters'])}  rank {lo['rank']}, "
+                 f"{lo['adapter_count'] / 1e6:.1f} M parameters")
+    lines.append(f"  {'gradients (adapters)':28s}{_fmt(plan['grads'])}")
+  else:
+    lines.append(f"  {'params':28s}{_fmt(plan['params'])}")
+    lines.append(f"  {'gradients':28s}{_fmt(plan['grads'])}")
   lines.append(f"  {'optimizer (AdamW mu, nu)':28s}{_fmt(plan['opt'])}")
   if plan["ref_params"]:
     lines.append(f"  {'reference params (KL)':28s}{_fmt(plan['ref_params'])}")
@@ -316,7 +365,10 @@ def format_plan(config, plan: dict) -> str:
   lines.append(f"  activations ({plan.get('platform', 'cpu')}): saved + the larger of working (of "
                f"which attn scores) and logits" + (" + XLA:CPU's float32 copies of the weights "
                "and gradients" if any(a["cpu_float32_copies"] for _, a in plan["activations"])
-               else ""))
+               else "") + (" + LoRA's merged weights (" + ("one layer cycle's" if
+                           config.model.remat == "full" else "every layer's, kept")
+                           + f": {_fmt(plan['activations'][0][1]['lora_merged']).strip()})"
+                           if lo else ""))
   lines.append(f"  {'seq len':>9s} {'saved':>14s} {'working':>14s} {'attn scores':>14s} "
                f"{'logits':>14s} {'activations':>14s} {'total':>14s}  fits?")
   for t, a in plan["activations"]:
