@@ -103,12 +103,11 @@ def route(router_w, x, cfg: ModelConfig):
 
 DISPATCHES = ("auto", "ragged_dot", "blocked")
 
-# What "auto" means on each backend (jax.default_backend() at trace time). cpu: measured, XLA:CPU
-# has no ragged_dot kernel and computes every row against every expert (8x the FLOPs at 8
-# experts top-2, 64x at 64), so the blocked path is ~2.4x faster on the whole fwd+bwd step
-# (docs/model.md). gpu: XLA:GPU also rewrites ragged_dot into zero-padded dense matmuls by
-# default; the blocked layout is how grouped-matmul kernels tile, its FLOPs do not grow with the
-# expert count (not measured on a GPU). tpu: same reasoning (not measured).
+# What "auto" means on each backend (jax.default_backend() at trace time). cpu: XLA:CPU has no
+# ragged_dot kernel and computes every row against every expert, so its cost grows with the
+# expert count; the blocked path is faster on the whole step (docs/model.md). gpu: XLA:GPU also
+# rewrites ragged_dot into zero-padded dense matmuls; on an H200 the ~1B model's fwd+bwd ran
+# slower with it than blocked (docs/results.md#one-h200). tpu: same reasoning (not measured).
 AUTO_DISPATCH = {"cpu": "blocked", "gpu": "blocked", "cuda": "blocked", "rocm": "blocked",
                  "tpu": "blocked"}
 
@@ -176,20 +175,45 @@ def blocked_layout(experts, num_experts: int, block: int):
   return pos_of_pair, row_token, row_valid, block_expert
 
 
-@jax.checkpoint
+def _gather_blocks(w, block_expert):
+  """w [experts, d_in, d_out] -> each block's expert's matrix [blocks, d_in, d_out]."""
+  return w.at[block_expert].get(indices_are_sorted=True, mode="promise_in_bounds")
+
+
+@jax.custom_vjp
 def _expert_matmul(xs, w, block_expert):
   """xs [blocks, block, d_in] @ w[block_expert] ([experts, d_in, d_out]) -> [blocks, block, d_out].
 
   The weights are gathered per block ([blocks, d_in, d_out]: about n*k/block + E expert
   matrices, i.e. d_out/block times the bytes of xs, plus one per expert) and applied by one
-  batched matmul. Under `jax.checkpoint` the gathered copy is not kept for the backward, which
-  gathers again (memory-bound, 1/(2*block) of the matmul's work); the backward's weight
-  gradient is the per-block x^T dy summed into each expert, a scatter-add over sorted indices.
+  batched matmul. The gradient (`_expert_matmul_bwd`) keeps only xs, w and the block experts:
+  the gathered copy is not kept for the backward, which gathers again (memory-bound, 1/(2*block)
+  of the matmul's work).
   A loop over experts would hold one expert's weights at a time, but a dropless one has
   data-dependent group sizes, so it would need a loop over blocks of small matmuls instead.
   """
-  wb = w.at[block_expert].get(indices_are_sorted=True, mode="promise_in_bounds")
-  return jnp.einsum("gbi,gio->gbo", xs, wb)
+  return jnp.einsum("gbi,gio->gbo", xs, _gather_blocks(w, block_expert))
+
+
+def _expert_matmul_fwd(xs, w, block_expert):
+  return _expert_matmul(xs, w, block_expert), (xs, w, block_expert)
+
+
+def _expert_matmul_bwd(res, dy):
+  """The input gradient against the re-gathered weights; the weight gradient as each block's
+  x^T dy in float32, summed into its expert by a float32 scatter-add over the sorted block
+  experts, then cast to w's dtype. Autodiff of the gather would scatter-add in w's dtype: with
+  bfloat16 weights, 16-bit accumulation (a sum of many blocks then loses most of its bits),
+  which XLA:GPU also runs several times slower than float32 (docs/results.md#one-h200)."""
+  xs, w, block_expert = res
+  dxs = jnp.einsum("gbo,gio->gbi", dy, _gather_blocks(w, block_expert)).astype(xs.dtype)
+  dwb = jnp.einsum("gbi,gbo->gio", xs, dy, preferred_element_type=jnp.float32)
+  dw = jnp.zeros(w.shape, jnp.float32).at[block_expert].add(
+      dwb, indices_are_sorted=True, mode="promise_in_bounds")
+  return dxs, dw.astype(w.dtype), None
+
+
+_expert_matmul.defvjp(_expert_matmul_fwd, _expert_matmul_bwd)
 
 
 def blocked_dispatch(x, experts, cfg: ModelConfig):

@@ -166,3 +166,22 @@ def test_on_a_mesh_each_device_routes_its_own_tokens_with_the_same_result(rules_
   one = jax.jit(lambda p, x: moe.forward(p, x, cfg)[0]).lower(p, x).compile().as_text()
   # Per device: an eighth of the tokens' work (plus the router and padding of smaller groups).
   assert aot.hlo_costs(hlo)["flops"] < 0.35 * aot.hlo_costs(one)["flops"]
+
+
+def test_blocked_weight_gradient_of_bfloat16_experts_is_summed_in_float32():
+  """One expert's rows span 600 one-row blocks: its weight gradient is their sum, accumulated
+  in float32 and rounded once (within bfloat16's half ulp of the float32 sum of the same
+  products), not accumulated in bfloat16 block after block."""
+  rng = np.random.default_rng(0)
+  g, d_in, d_out, e = 600, 4, 4, 2
+  xs = jnp.asarray(rng.normal(size=(g, 1, d_in)), jnp.bfloat16)
+  dy = jnp.asarray(rng.normal(size=(g, 1, d_out)), jnp.bfloat16)
+  w = jnp.asarray(rng.normal(size=(e, d_in, d_out)), jnp.bfloat16)
+  block_expert = jnp.zeros((g,), jnp.int32)          # every block is expert 0's
+  _, vjp = jax.vjp(lambda w: moe._expert_matmul(xs, w, block_expert), w)
+  (dw,) = vjp(dy)
+  assert dw.dtype == jnp.bfloat16
+  exact = jnp.einsum("gbi,gbo->io", xs.astype(jnp.float32), dy.astype(jnp.float32))
+  err = jnp.abs(dw[0].astype(jnp.float32) - exact)
+  assert float(jnp.max(err / jnp.abs(exact))) <= 2.0 ** -8
+  assert float(jnp.max(jnp.abs(dw[1].astype(jnp.float32)))) == 0.0   # no block: no gradient
