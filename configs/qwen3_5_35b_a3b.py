@@ -17,8 +17,8 @@ def get_config(arg=None):
   del arg
   c = report_recipe.apply(base.get_config(), "qwen3_5_35b_a3b")
   c.mesh.shape = (1, 2, 8, 1)        # data, fsdp, expert, tensor = 16 devices
-  # 256 rows / 128 = 2 a micro-batch, each split over the 16 devices: 74 of 141 GiB a device
-  # (--mode=plan, docs/results.md; 99 with twice the activations; 64 micro-batches: 97, 147).
+  # 256 rows / 128 = 2 a micro-batch, each split over the 16 devices; what that takes a device:
+  # --mode=plan, docs/results.md#memory-plans-of-the-full-size-configs.
   c.train.micro_batches = 128
   c.plan.num_devices = 16
   return c

@@ -21,9 +21,9 @@ def get_config(arg=None):
   del arg
   c = report_recipe.apply(base.get_config(), "qwen3_5_397b_a17b")
   c.mesh.shape = (1, 8, 8, 1)        # data, fsdp, expert, tensor = 64 devices
-  # The float32 masters and Adam moments take 108 of the 141 GiB: a micro-batch holds 2 rows,
-  # each split over the 64 devices, 131 GiB a device (--mode=plan, docs/results.md; 153 with twice the
-  # activations, over the 141; with rows split over `fsdp` alone no micro-batching fits).
+  # The float32 masters and Adam moments take most of an H200: a micro-batch holds 2 rows, each
+  # split over the 64 devices (with rows split over `fsdp` alone no micro-batching fits); what
+  # that takes a device: --mode=plan, docs/results.md#memory-plans-of-the-full-size-configs.
   c.train.micro_batches = 128
   c.plan.num_devices = 64
   return c

@@ -74,7 +74,8 @@ def get_config(arg=None):
   c.rollout.prefill_buckets = (1024, 1280, 1536, 2048, 2304)
   # Every prompt opens with the same ~700-token system turn, which the engine prefills once per
   # weights version (rollout.prefix_cache); the rest of a prompt pads to one of these: first
-  # turns leave ~100 tokens, later turns 300-1600. Each is one compile (~3 s here) at first use.
+  # turns leave ~100 tokens, later turns 300-1600. Each is one compile at first use
+  # (docs/results.md#figures-behind-the-tiny-defaults-settings).
   c.rollout.prefix_buckets = (128, 512, 1024, 1792)
   c.rollout.slots = 8
   # The engine on one device: a 0.36M-parameter model gains nothing from being split, and on the
