@@ -223,6 +223,7 @@ def get_config() -> ml_collections.ConfigDict:
       r"ffn/(shared_)?(gate_proj|up_proj|down_proj)$",
       r"ffn/(wi_gate|wi_up|wo)$",
   )
+  c.lora.export_dir = ""             # --mode=rl's end writes <dir>/adapter (PEFT layout), <dir>/merged (and <dir>/base when the base has no Hugging Face directory); "" = none (rl/lora_export.py)
 
   # Training loop shape.
   c.train = ml_collections.ConfigDict()

@@ -40,6 +40,7 @@ from rl.evaluation import evaluate
 from rl.evaluation import evaluate_other_styles
 from rl.evaluation import finish_summary
 from rl.evaluation import print_before_after
+from rl.lora_export import export_lora
 from rl.metrics import Metrics
 from rl.metrics import progress_bar
 from rl.metrics import quiet_logs
@@ -245,6 +246,9 @@ def run_rl(config, flags=None) -> dict:
                   served_version=start_step)
       state = train(run, state, start_step, ckpt, summary, eval_tasks)
       ckpt.wait()
+      if step_fn.lora is not None and config.lora.export_dir:
+        for what, path in export_lora(config, step_fn, state["params"]).items():
+          print(f"LoRA export ({what}): {path}", flush=True)
       steps = int(config.train.steps)
       s = evaluate(pool, cfg, eval_tasks, steps, "after RL")
       summary["after_rl"] = s
