@@ -85,6 +85,7 @@ SAFE = {
     "sft.eval_every": "how often SFT's held-out figures are logged",
     "sft.eval_tasks": "the tasks of SFT's held-out figures (logged only)",
     "sft.export_hf": "where a Hugging Face copy of the SFT result is written",
+    "lora.export_dir": "where the LoRA run's Hugging Face exports are written at its end",
     "rollout.port": "the port of the in-process rollout server",
     "rollout.address": "where the token client finds the rollout server",
     "rollout.log_level": "the log level",
