@@ -38,7 +38,6 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from models.config import ModelConfig
 
 # Leaves that can carry an adapter: name -> how many axes (after the batch axes) are its input.
 # Everything else (norms, the conv kernel, the GDN's per-head biases, the shared expert's gate
