@@ -201,6 +201,53 @@ def _captured_inputs(torch, model, tokens, modules):
   return seen
 
 
+class _Inputs:
+  """What every component's pair of timings is built from: the model's shapes and inputs on the
+  JAX side and, with `torch_model`, transformers' modules and their captured inputs."""
+
+  def __init__(self, args, cfg, params, tokens, torch_model):
+    self.pair = functools.partial(_jax_pair, dots=args.xla_cpu_dots)
+    self.cfg, self.params, self.tokens = cfg, params, tokens
+    self.b, self.t = tokens.shape
+    self.n = self.b * self.t
+    self.dt = cfg.jnp_dtype
+    self.x = (jax.random.normal(jax.random.key(3), (self.b, self.t, cfg.hidden_size),
+                                jnp.float32)).astype(self.dt)
+    self.flat = self.x.reshape(self.n, cfg.hidden_size)
+    self.positions = jnp.broadcast_to(jnp.arange(self.t, dtype=jnp.int32), (self.b, self.t))
+    self.j_lin = cfg.cycle.index(LINEAR) if LINEAR in cfg.cycle else None
+    self.j_att = cfg.cycle.index(FULL) if FULL in cfg.cycle else None
+    self.comps = {}
+    self.tm = self.torch = None
+    if torch_model is not None:
+      self._torch_inputs(torch_model)
+
+  def _torch_inputs(self, tm):
+    import torch  # lazy: the reference only (test dependencies), and heavy
+    self.tm, self.torch = tm, torch
+    self.layers = tm.model.layers
+    self.t_tokens = torch.from_numpy(np.array(self.tokens)).long()
+    self.mods = {"mlp": self.layers[0].mlp}
+    if self.j_lin is not None:
+      self.mods["gdn"] = self.layers[self.j_lin].linear_attn
+    if self.j_att is not None:
+      self.mods["attn"] = self.layers[self.j_att].self_attn
+    self.seen = _captured_inputs(torch, tm, self.t_tokens, self.mods)
+    for _, kwargs in self.seen.values():   # no decode cache: a training step's call
+      for k in ("cache_params", "past_key_values"):
+        if k in kwargs:
+          kwargs[k] = None
+    self.tx = torch.from_numpy(np.array(self.x.astype(jnp.float32))).to(tm.dtype).requires_grad_(True)
+    self.tflat = self.tx.detach().reshape(self.n, -1).requires_grad_(True)
+
+  def add(self, name, layers_count, jax_pair, torch_pair):
+    self.comps[name] = (layers_count, jax_pair, torch_pair)
+
+  def torch_pair(self, f, inputs, module):
+    """transformers' side of a component: None without the reference model."""
+    return None if self.tm is None else _torch_pair(self.torch, f, inputs, module)
+
+
 def breakdown_components(args, cfg, params, tokens, torch_model):
   """name -> (layers it counts for, jax (fwd, fwd+bwd), torch (fwd, fwd+bwd) or None).
 
@@ -208,158 +255,148 @@ def breakdown_components(args, cfg, params, tokens, torch_model):
   torch counterparts are the modules of the transformers model built from the same weights
   (layer j of the first cycle), on the inputs captured from one forward of that model.
   """
-  pair = functools.partial(_jax_pair, dots=args.xla_cpu_dots)
-  b, t = tokens.shape
-  n = b * t
-  dt = cfg.jnp_dtype
-  counts = {k: sum(1 for x in cfg.layer_types if x == k) for k in (LINEAR, FULL)}
-  j_lin = cfg.cycle.index(LINEAR) if LINEAR in cfg.cycle else None
-  j_att = cfg.cycle.index(FULL) if FULL in cfg.cycle else None
-  x = (jax.random.normal(jax.random.key(3), (b, t, cfg.hidden_size), jnp.float32)).astype(dt)
-  flat = x.reshape(n, cfg.hidden_size)
-  positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-  comps = {}
-  tm = None
-  if torch_model is not None:
-    import torch  # lazy: the reference only (test dependencies), and heavy
-    tm = torch_model
-    layers = tm.model.layers
-    t_tokens = torch.from_numpy(np.array(tokens)).long()
-    mods = {"mlp": layers[0].mlp}
-    if j_lin is not None:
-      mods["gdn"] = layers[j_lin].linear_attn
-    if j_att is not None:
-      mods["attn"] = layers[j_att].self_attn
-    seen = _captured_inputs(torch, tm, t_tokens, mods)
-    for _, kwargs in seen.values():   # no decode cache: a training step's call
-      for k in ("cache_params", "past_key_values"):
-        if k in kwargs:
-          kwargs[k] = None
-    tx = torch.from_numpy(np.array(x.astype(jnp.float32))).to(tm.dtype).requires_grad_(True)
-    tflat = tx.detach().reshape(n, -1).requires_grad_(True)
+  c = _Inputs(args, cfg, params, tokens, torch_model)
+  _add_embedding_head_and_norms(c)
+  if c.j_lin is not None:
+    _add_gated_deltanet(c)
+  if c.j_att is not None:
+    p = _layer_params(params, c.j_att)["mixer"]
+    c.add("attention layer", sum(1 for x in cfg.layer_types if x == FULL),
+          c.pair(lambda p, h: attention.forward(p, h, c.positions, cfg)[0], (p, c.x), (0, 1)),
+          None if c.tm is None else c.torch_pair(
+              lambda h: c.mods["attn"](**dict(c.seen["attn"][1], hidden_states=h))[0], (c.tx,),
+              c.mods["attn"]))
+  if cfg.use_moe:
+    _add_moe(c)
+  return c.comps
 
-  def add(name, layers_count, jax_pair, torch_pair):
-    comps[name] = (layers_count, jax_pair, torch_pair)
 
+def _add_embedding_head_and_norms(c: _Inputs) -> None:
+  cfg, params, tokens, dt, tm = c.cfg, c.params, c.tokens, c.dt, c.tm
   # Embedding lookup (backward: the scatter into the table's gradient).
-  add("embedding", 1, pair(lambda e, tok: jnp.take(e, tok, axis=0).astype(dt),
-                           (params["embed"], tokens), (0,)),
-      None if tm is None else _torch_pair(torch, tm.model.embed_tokens, (t_tokens,),
-                                          tm.model.embed_tokens))
+  c.add("embedding", 1, c.pair(lambda e, tok: jnp.take(e, tok, axis=0).astype(dt),
+                               (params["embed"], tokens), (0,)),
+        None if tm is None else c.torch_pair(tm.model.embed_tokens, (c.t_tokens,),
+                                             tm.model.embed_tokens))
   # Final norm, LM head and the token cross-entropy.
   def head_loss(p, h):
     h = norm.rms_norm(h, p["final_norm"], cfg.rms_norm_eps)
     logp = jax.nn.log_softmax(qwen3_5.logits_from_hidden(cfg, p, h)[:, :-1])
     return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
   head_p = {k: v for k, v in params.items() if k != "blocks"}
+  t_head_loss = None
   if tm is not None:
     def t_head_loss(h):
       logits = tm.lm_head(tm.model.norm(h))
-      return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                               t_tokens[:, 1:].reshape(-1))
-  add("LM head + loss", 1, pair(head_loss, (head_p, x), (0, 1)),
-      None if tm is None else _torch_pair(torch, t_head_loss, (tx,), tm))
+      return c.torch.nn.functional.cross_entropy(
+          logits[:, :-1].reshape(-1, logits.shape[-1]), c.t_tokens[:, 1:].reshape(-1))
+  c.add("LM head + loss", 1, c.pair(head_loss, (head_p, c.x), (0, 1)),
+        None if tm is None else c.torch_pair(t_head_loss, (c.tx,), tm))
   # The two RMSNorms of every layer.
-  add("RMSNorm (x2 per layer)", 2 * cfg.num_hidden_layers,
-      pair(lambda w, h: norm.rms_norm(h, w, cfg.rms_norm_eps),
-           (params["blocks"][0]["input_norm"][0], x), (0, 1)),
-      None if tm is None else _torch_pair(torch, layers[0].input_layernorm, (tx,),
-                                          layers[0].input_layernorm))
-  if j_lin is not None:
-    p = _layer_params(params, j_lin)["mixer"]
-    add("GDN layer", counts[LINEAR],
-        pair(lambda p, h: gated_deltanet.forward(p, h, cfg)[0], (p, x), (0, 1)),
-        None if tm is None else _torch_pair(
-            torch, lambda h: mods["gdn"](**dict(seen["gdn"][1], hidden_states=h)), (tx,),
-            mods["gdn"]))
-    # The chunked delta rule alone, on the layer's q, k, v, g, beta (l2-norm and head repeat
-    # included on both sides: transformers' function does them itself).
-    nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
-    dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-    ks = jax.random.split(jax.random.key(4), 5)
-    q = jax.random.normal(ks[0], (b, t, nk, dk), jnp.float32)
-    k = jax.random.normal(ks[1], (b, t, nk, dk), jnp.float32)
-    v = jax.random.normal(ks[2], (b, t, nv, dv), jnp.float32)
-    g = -jax.nn.softplus(jax.random.normal(ks[3], (b, t, nv), jnp.float32))
-    beta = jax.nn.sigmoid(jax.random.normal(ks[4], (b, t, nv), jnp.float32))
+  c.add("RMSNorm (x2 per layer)", 2 * cfg.num_hidden_layers,
+        c.pair(lambda w, h: norm.rms_norm(h, w, cfg.rms_norm_eps),
+               (params["blocks"][0]["input_norm"][0], c.x), (0, 1)),
+        None if tm is None else c.torch_pair(c.layers[0].input_layernorm, (c.tx,),
+                                             c.layers[0].input_layernorm))
 
-    chunk = gated_deltanet.chunk_size(cfg)
 
-    def rule(q, k, v, g, beta):
-      l2 = lambda z: z * jax.lax.rsqrt(jnp.sum(z * z, -1, keepdims=True) + 1e-6)
-      q = jnp.repeat(l2(q), nv // nk, axis=2) * dk ** -0.5
-      k = jnp.repeat(l2(k), nv // nk, axis=2)
-      state = jnp.zeros((b, nv, dk, dv), jnp.float32)
-      return gated_deltanet.chunked_delta_rule(q, k, v, g, beta, state, chunk)[0]
-    t_rule = None
-    if tm is not None:
-      fn = sys.modules[type(mods["gdn"]).__module__].torch_chunk_gated_delta_rule
-      t_in = tuple(torch.from_numpy(np.array(a)).requires_grad_(True) for a in (q, k, v, g, beta))
-      # Copies in: the function updates some of its inputs' buffers in place, which autograd
-      # refuses on leaf tensors (inside the layer its inputs are intermediate results).
-      t_rule = _torch_pair(torch, lambda *a: fn(*(x.clone() for x in a),
-                                                chunk_size=chunk,
-                                                use_qk_l2norm_in_kernel=True)[0], t_in, None)
-    add("  GDN chunked rule", counts[LINEAR],
-        pair(rule, (q, k, v, g, beta), (0, 1, 2, 3, 4)), t_rule)
-  if j_att is not None:
-    p = _layer_params(params, j_att)["mixer"]
-    add("attention layer", counts[FULL],
-        pair(lambda p, h: attention.forward(p, h, positions, cfg)[0], (p, x), (0, 1)),
-        None if tm is None else _torch_pair(
-            torch, lambda h: mods["attn"](**dict(seen["attn"][1], hidden_states=h))[0], (tx,),
-            mods["attn"]))
-  if cfg.use_moe:
-    p = _layer_params(params, 0)["ffn"]
-    _, weights, experts = moe.route(p["router"], flat, cfg)
-    mlp = None if tm is None else mods["mlp"]
-    add("MoE block", cfg.num_hidden_layers,
-        pair(lambda p, h: moe.forward(p, h, cfg)[0], (p, x), (0, 1)),
-        None if tm is None else _torch_pair(torch, mlp, (tx,), mlp))
-    add("  routing (router, top-k)", cfg.num_hidden_layers,
-        pair(lambda w, h: moe.route(w, h, cfg)[1], (p["router"], flat), (0, 1)),
-        None if tm is None else _torch_pair(torch, lambda h: mlp.gate(h)[1], (tflat,), mlp.gate))
-    add("  routed experts", cfg.num_hidden_layers,
-        pair(lambda p, h, w: moe.routed_experts(p, h, w, experts, cfg), (p, flat, weights),
-             (0, 1, 2)),
-        None if tm is None else _torch_pair(
-            torch, lambda h, w: mlp.experts(h, torch.from_numpy(np.array(experts)).long(), w),
-            (tflat, torch.from_numpy(np.array(weights)).to(tm.dtype).requires_grad_(True)),
+def _add_gated_deltanet(c: _Inputs) -> None:
+  """The Gated DeltaNet layer, and its chunked delta rule alone."""
+  cfg, b, t = c.cfg, c.b, c.t
+  count = sum(1 for x in cfg.layer_types if x == LINEAR)
+  p = _layer_params(c.params, c.j_lin)["mixer"]
+  c.add("GDN layer", count,
+        c.pair(lambda p, h: gated_deltanet.forward(p, h, cfg)[0], (p, c.x), (0, 1)),
+        None if c.tm is None else c.torch_pair(
+            lambda h: c.mods["gdn"](**dict(c.seen["gdn"][1], hidden_states=h)), (c.tx,),
+            c.mods["gdn"]))
+  # The chunked delta rule alone, on the layer's q, k, v, g, beta (l2-norm and head repeat
+  # included on both sides: transformers' function does them itself).
+  nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+  dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+  ks = jax.random.split(jax.random.key(4), 5)
+  q = jax.random.normal(ks[0], (b, t, nk, dk), jnp.float32)
+  k = jax.random.normal(ks[1], (b, t, nk, dk), jnp.float32)
+  v = jax.random.normal(ks[2], (b, t, nv, dv), jnp.float32)
+  g = -jax.nn.softplus(jax.random.normal(ks[3], (b, t, nv), jnp.float32))
+  beta = jax.nn.sigmoid(jax.random.normal(ks[4], (b, t, nv), jnp.float32))
+
+  chunk = gated_deltanet.chunk_size(cfg)
+
+  def rule(q, k, v, g, beta):
+    l2 = lambda z: z * jax.lax.rsqrt(jnp.sum(z * z, -1, keepdims=True) + 1e-6)
+    q = jnp.repeat(l2(q), nv // nk, axis=2) * dk ** -0.5
+    k = jnp.repeat(l2(k), nv // nk, axis=2)
+    state = jnp.zeros((b, nv, dk, dv), jnp.float32)
+    return gated_deltanet.chunked_delta_rule(q, k, v, g, beta, state, chunk)[0]
+  t_rule = None
+  if c.tm is not None:
+    fn = sys.modules[type(c.mods["gdn"]).__module__].torch_chunk_gated_delta_rule
+    t_in = tuple(c.torch.from_numpy(np.array(a)).requires_grad_(True) for a in (q, k, v, g, beta))
+    # Copies in: the function updates some of its inputs' buffers in place, which autograd
+    # refuses on leaf tensors (inside the layer its inputs are intermediate results).
+    t_rule = c.torch_pair(lambda *a: fn(*(x.clone() for x in a), chunk_size=chunk,
+                                        use_qk_l2norm_in_kernel=True)[0], t_in, None)
+  c.add("  GDN chunked rule", count, c.pair(rule, (q, k, v, g, beta), (0, 1, 2, 3, 4)), t_rule)
+
+
+def _add_moe(c: _Inputs) -> None:
+  """The MoE block, its routing, its routed experts (and their three parts as the model
+  dispatches them) and its shared expert."""
+  cfg, flat, dt, tm, layers = c.cfg, c.flat, c.dt, c.tm, c.cfg.num_hidden_layers
+  p = _layer_params(c.params, 0)["ffn"]
+  _, weights, experts = moe.route(p["router"], flat, cfg)
+  mlp = None if tm is None else c.mods["mlp"]
+  c.add("MoE block", layers, c.pair(lambda p, h: moe.forward(p, h, cfg)[0], (p, c.x), (0, 1)),
+        None if tm is None else c.torch_pair(mlp, (c.tx,), mlp))
+  c.add("  routing (router, top-k)", layers,
+        c.pair(lambda w, h: moe.route(w, h, cfg)[1], (p["router"], flat), (0, 1)),
+        None if tm is None else c.torch_pair(lambda h: mlp.gate(h)[1], (c.tflat,), mlp.gate))
+  c.add("  routed experts", layers,
+        c.pair(lambda p, h, w: moe.routed_experts(p, h, w, experts, cfg), (p, flat, weights),
+               (0, 1, 2)),
+        None if tm is None else c.torch_pair(
+            lambda h, w: mlp.experts(h, c.torch.from_numpy(np.array(experts)).long(), w),
+            (c.tflat, c.torch.from_numpy(np.array(weights)).to(tm.dtype).requires_grad_(True)),
             mlp.experts))
-    # The routed experts in three parts, as the model dispatches them (`model.moe_dispatch`);
-    # the reference loops over experts, gathering, multiplying and adding back in one loop, so
-    # these rows have no counterpart.
-    routed_p = {k: p[k] for k in ("wi_gate", "wi_up", "wo")}
-    if moe.resolve_dispatch(cfg.moe_dispatch) == "blocked":
-      xs, (pos, _, _, block_expert) = moe.blocked_dispatch(flat, experts, cfg)
-      add("    dispatch (layout, gather)", cfg.num_hidden_layers,
-          pair(lambda h: moe.blocked_dispatch(h, experts, cfg)[0], (flat,), (0,)), None)
-      add("    expert matmuls (blocked)", cfg.num_hidden_layers,
-          pair(lambda p, xs: moe.blocked_expert_mlp(p, xs, block_expert, dt),
-               (routed_p, xs), (0, 1)), None)
-      ys = moe.blocked_expert_mlp(routed_p, xs, block_expert, dt)
-      add("    combine (gather, weight)", cfg.num_hidden_layers,
-          pair(lambda ys, w: moe.blocked_combine(ys, pos, w), (ys, weights), (0, 1)), None)
-    else:
-      xs, (order, sizes) = moe.ragged_dispatch(flat, experts, cfg)
-      add("    dispatch (sort, gather)", cfg.num_hidden_layers,
-          pair(lambda h: moe.ragged_dispatch(h, experts, cfg)[0], (flat,), (0,)), None)
-      add("    expert matmuls (ragged_dot)", cfg.num_hidden_layers,
-          pair(lambda p, xs: moe.ragged_expert_mlp(p, xs, sizes, dt), (routed_p, xs),
-               (0, 1)), None)
-      ys = moe.ragged_expert_mlp(routed_p, xs, sizes, dt)
-      add("    combine (weight, scatter-add)", cfg.num_hidden_layers,
-          pair(lambda ys, w: moe.ragged_combine(ys, order, w), (ys, weights), (0, 1)), None)
-    if cfg.shared_expert_intermediate_size:
-      def shared(p, h):
-        s = moe.swiglu(p, h, dt, prefix="shared_")
-        return jax.nn.sigmoid(common.dense(h, p["shared_expert_gate"][:, None], dt)) * s
-      shared_p = {k: v for k, v in p.items() if k.startswith("shared_")}
-      add("  shared expert", cfg.num_hidden_layers, pair(shared, (shared_p, flat), (0, 1)),
-          None if tm is None else _torch_pair(
-              torch, lambda h: torch.sigmoid(mlp.shared_expert_gate(h)) * mlp.shared_expert(h),
-              (tflat,), mlp))
-  return comps
+  _add_moe_dispatch(c, p, experts, weights)
+  if cfg.shared_expert_intermediate_size:
+    def shared(p, h):
+      s = moe.swiglu(p, h, dt, prefix="shared_")
+      return jax.nn.sigmoid(common.dense(h, p["shared_expert_gate"][:, None], dt)) * s
+    shared_p = {k: v for k, v in p.items() if k.startswith("shared_")}
+    c.add("  shared expert", layers, c.pair(shared, (shared_p, flat), (0, 1)),
+          None if tm is None else c.torch_pair(
+              lambda h: c.torch.sigmoid(mlp.shared_expert_gate(h)) * mlp.shared_expert(h),
+              (c.tflat,), mlp))
+
+
+def _add_moe_dispatch(c: _Inputs, p, experts, weights) -> None:
+  """The routed experts in three parts, as the model dispatches them (`model.moe_dispatch`);
+  the reference loops over experts, gathering, multiplying and adding back in one loop, so
+  these rows have no counterpart."""
+  cfg, flat, dt, layers = c.cfg, c.flat, c.dt, c.cfg.num_hidden_layers
+  routed_p = {k: p[k] for k in ("wi_gate", "wi_up", "wo")}
+  if moe.resolve_dispatch(cfg.moe_dispatch) == "blocked":
+    xs, (pos, _, _, block_expert) = moe.blocked_dispatch(flat, experts, cfg)
+    c.add("    dispatch (layout, gather)", layers,
+          c.pair(lambda h: moe.blocked_dispatch(h, experts, cfg)[0], (flat,), (0,)), None)
+    c.add("    expert matmuls (blocked)", layers,
+          c.pair(lambda p, xs: moe.blocked_expert_mlp(p, xs, block_expert, dt),
+                 (routed_p, xs), (0, 1)), None)
+    ys = moe.blocked_expert_mlp(routed_p, xs, block_expert, dt)
+    c.add("    combine (gather, weight)", layers,
+          c.pair(lambda ys, w: moe.blocked_combine(ys, pos, w), (ys, weights), (0, 1)), None)
+  else:
+    xs, (order, sizes) = moe.ragged_dispatch(flat, experts, cfg)
+    c.add("    dispatch (sort, gather)", layers,
+          c.pair(lambda h: moe.ragged_dispatch(h, experts, cfg)[0], (flat,), (0,)), None)
+    c.add("    expert matmuls (ragged_dot)", layers,
+          c.pair(lambda p, xs: moe.ragged_expert_mlp(p, xs, sizes, dt), (routed_p, xs),
+                 (0, 1)), None)
+    ys = moe.ragged_expert_mlp(routed_p, xs, sizes, dt)
+    c.add("    combine (weight, scatter-add)", layers,
+          c.pair(lambda ys, w: moe.ragged_combine(ys, order, w), (ys, weights), (0, 1)), None)
 
 
 def _time_ms(f, rounds_times, reps=1):
