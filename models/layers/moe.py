@@ -201,15 +201,19 @@ def _expert_matmul_fwd(xs, w, block_expert):
 
 def _expert_matmul_bwd(res, dy):
   """The input gradient against the re-gathered weights; the weight gradient as each block's
-  x^T dy in float32, summed into its expert by a float32 scatter-add over the sorted block
+  x^T dy (in xs's dtype: [blocks, d_in, d_out] in float32 would hold twice the bytes of the
+  gathered weights), summed into its expert by a float32 scatter-add over the sorted block
   experts, then cast to w's dtype. Autodiff of the gather would scatter-add in w's dtype: with
   bfloat16 weights, 16-bit accumulation (a sum of many blocks then loses most of its bits),
   which XLA:GPU also runs several times slower than float32 (docs/results.md#one-h200)."""
   xs, w, block_expert = res
-  dxs = jnp.einsum("gbo,gio->gbi", dy, _gather_blocks(w, block_expert)).astype(xs.dtype)
-  dwb = jnp.einsum("gbi,gbo->gio", xs, dy, preferred_element_type=jnp.float32)
+  # Gathered again once dy exists (common.after): else XLA may reuse the forward's gathered
+  # copy, keeping it alive from the forward (or remat's recomputed forward) to here.
+  wb = _gather_blocks(*common.after((w, block_expert), dy))
+  dxs = jnp.einsum("gbo,gio->gbi", dy, wb).astype(xs.dtype)
+  dwb = jnp.einsum("gbi,gbo->gio", xs, dy)    # a block's sum, rounded once to xs's dtype
   dw = jnp.zeros(w.shape, jnp.float32).at[block_expert].add(
-      dwb, indices_are_sorted=True, mode="promise_in_bounds")
+      dwb.astype(jnp.float32), indices_are_sorted=True, mode="promise_in_bounds")
   return dxs, dw.astype(w.dtype), None
 
 
