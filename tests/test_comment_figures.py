@@ -10,9 +10,6 @@ import tokenize
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOPS = ("models", "envs", "rl", "configs", "launch.py")
 RATIO = re.compile(r"~?\b\d+\.\d+x\b|~\d+x\b")
-# Files whose comments still quote a ratio, until their next change moves it to the docs. A file
-# here without one fails the test: take it off the list.
-PENDING = {"models/layers/gated_deltanet.py"}
 
 
 def _python_files():
@@ -37,7 +34,5 @@ def _ratios_in_comments(rel: str) -> list:
 
 def test_no_comment_quotes_a_benchmark_ratio():
   found = {rel: _ratios_in_comments(rel) for rel in _python_files()}
-  quoted = [hit for rel, hits in found.items() if rel not in PENDING for hit in hits]
+  quoted = [hit for hits in found.values() for hit in hits]
   assert not quoted, "ratios in comments (link docs/results.md instead):\n" + "\n".join(quoted)
-  stale = [rel for rel in PENDING if not found.get(rel)]
-  assert not stale, f"no ratio left in {stale}: take it off PENDING"

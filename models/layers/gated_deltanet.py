@@ -142,10 +142,10 @@ _unit_lower_solve.defvjp(_unit_lower_solve_fwd, _unit_lower_solve_bwd)
 
 GDN_BACKWARDS = ("custom", "autodiff")
 
-# `gdn_chunk_size=-1` (auto) per backend. cpu: measured, the whole model step at 4 x 1024 tokens
-# (hidden 256) took 0.89x the time with chunks of 32 as with 64, and 1.10x with 128: the
-# intra-chunk work grows with the chunk. Elsewhere 64, the chunk of the reference kernels
-# (flash-linear-attention), which suits matrix units better (not measured here).
+# `gdn_chunk_size=-1` (auto) per backend. cpu: 32, measured on the whole model step
+# (docs/results.md, "Model step and decode"): the intra-chunk work grows with the chunk.
+# Elsewhere 64, the chunk of the reference kernels (flash-linear-attention); on an H200, 128
+# ran the ~1B model's step no faster (docs/results.md#one-h200).
 AUTO_CHUNK = {"cpu": 32}
 
 
