@@ -18,7 +18,7 @@ are not counted (MFU counts model FLOPs, not hardware FLOPs). Prints figures; as
 With --live_groups=K only K prompt groups carry signal (the others all pass: filtered, as
 most groups are in a GRPO batch of a small policy) and the step is timed twice in the same
 run: rows as they come (every micro-batch holds a live row, so all are computed) and packed
-by `rl.grpo.pack_live_rows` (as `rl.batch.build_batch` feeds the step: all-dead micro-batches skipped).
+by `rl.reductions.pack_live_rows` (as `rl.batch.build_batch` feeds the step: all-dead micro-batches skipped).
 
   python benchmarks/train_step.py --config=configs/tiny_cpu.py --bucket=1024
 
@@ -45,7 +45,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from models import qwen3_5  # noqa: E402
 from models import sharding  # noqa: E402
-from rl import grpo  # noqa: E402
+from rl import reductions  # noqa: E402
 from rl import train_step  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny_cpu.py", "Config file.")
@@ -113,10 +113,10 @@ def main(argv):
   if _LIVE.value >= 0:
     s = config.train.samples_per_prompt
     host["rewards"][_LIVE.value * s:] = 1.0          # groups past the first K: all pass
-    live = grpo.live_rows(host["rewards"], host["group_ids"], np.ones(len(host["rewards"]), bool),
+    live = reductions.live_rows(host["rewards"], host["group_ids"], np.ones(len(host["rewards"]), bool),
                           host["loss_mask"], config.rl.filter_zero_variance)
     # Unpacked: live rows at the front, so the strided split puts one in every micro-batch.
-    packed = grpo.pack_live_rows(host, live, config.train.micro_batches)
+    packed = reductions.pack_live_rows(host, live, config.train.micro_batches)
   short = None
   if _BUCKET.value > 0:
     n = _BUCKET.value

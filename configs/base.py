@@ -102,7 +102,7 @@ def get_config() -> ml_collections.ConfigDict:
       ("cycle", None),
   )
 
-  # RL maths (rl/advantages.py, rl/policy_losses.py, rl/grpo.py). Defaults = the report's recipe.
+  # RL maths (rl/advantages.py, rl/policy_losses.py, rl/reductions.py). Defaults = the report's recipe.
   c.rl = ml_collections.ConfigDict()
   c.rl.advantage = "grpo"            # advantage estimator: grpo | rloo
   c.rl.grpo_norm_by_std = False      # GRPO: divide by the group std (the recipe does not)

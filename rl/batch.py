@@ -14,7 +14,7 @@ from typing import Sequence
 from configs import validate
 from envs.harness.collate import batch_metrics
 from envs.harness.collate import collate
-from rl import grpo
+from rl import reductions
 from rl.train_example import TrainExample
 from rl.train_step import row_lengths
 
@@ -47,21 +47,21 @@ def build_batch(results, config) -> tuple[TrainExample, dict]:
 
   Rows are padded to `row_length` (one compile per bucket); group masking decides `valid`. With
   one mini-batch, rows of groups without signal are moved into the last micro-batches, which
-  the train step then skips (`grpo.pack_live_rows`; the loss does not depend on row order).
+  the train step then skips (`reductions.pack_live_rows`; the loss does not depend on row order).
   """
   longest = max((len(r.tokens) for r in results), default=0)
   row_len = row_length(config, longest)
   example = TrainExample.from_collated(
       collate(results, config.harness.max_timeouts_per_group, pad_to=row_len))
   m = batch_metrics(results, config.harness.max_timeouts_per_group)
-  live = grpo.live_rows(example.rewards, example.group_ids, example.valid, example.loss_mask,
+  live = reductions.live_rows(example.rewards, example.group_ids, example.valid, example.loss_mask,
                         config.rl.filter_zero_variance)
   m["train/live_rows"] = float(live.sum())
   m["train/row_len"], m["rollout/longest_tokens"] = float(row_len), float(longest)
   if int(config.train.mini_batches) == 1:
     # Rows of groups with no signal gathered into the last micro-batches, which the train step
     # then skips: with most groups all-pass or all-fail, most of the step's compute.
-    example = TrainExample(**grpo.pack_live_rows(example.as_arrays(), live,
+    example = TrainExample(**reductions.pack_live_rows(example.as_arrays(), live,
                                                  int(config.train.micro_batches)))
   return example, m
 
@@ -70,7 +70,7 @@ def informative_groups(results, config) -> list[int]:
   """Group ids (in first-seen order) whose rows the train step learns from: the group masking
   and the zero-variance filter of `build_batch`, applied to these results alone."""
   d = collate(results, config.harness.max_timeouts_per_group)
-  live = grpo.live_rows(d["rewards"], d["group_ids"], d["train_mask"], d["loss_mask"],
+  live = reductions.live_rows(d["rewards"], d["group_ids"], d["train_mask"], d["loss_mask"],
                         config.rl.filter_zero_variance)
   with_signal = {int(g) for g, l in zip(d["group_ids"], live) if l}
   return [g for g in dict.fromkeys(r.group_id for r in results) if g in with_signal]

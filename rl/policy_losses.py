@@ -6,7 +6,7 @@ Every registered loss has the signature
 
 where `metrics` maps a name to a per-token float array [batch, seq] (e.g. a 0/1 "this token
 was clipped" indicator). Nothing is reduced here: the caller reduces the loss with the
-configured loss reduction (rl/grpo.py) and the metrics with a token mean over the WHOLE
+configured loss reduction (rl/reductions.py) and the metrics with a token mean over the WHOLE
 mini-batch, so both are exact under micro-batching and data parallelism.
 
 Conventions (SkyRL / verl): `logprobs` are the current policy's (differentiable),

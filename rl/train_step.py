@@ -37,7 +37,7 @@ the KL penalty is on (a forward pass of the reference per live micro-batch), the
 `train.mini_batches` optimizer updates, each over a strided slice of the batch, each
 accumulating gradients over
 `train.micro_batches` micro-batches in a lax.scan. Loss reduction weights are computed per
-mini-batch from the whole mini-batch (rl/grpo.py), so micro-batching and data parallelism
+mini-batch from the whole mini-batch (rl/reductions.py), so micro-batching and data parallelism
 do not change the loss or the gradients.
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ from models import qwen3_5
 from models import sharding
 from models import xla_flags
 from rl import advantages
-from rl import grpo
+from rl import reductions
 from rl import policy_losses
 from rl.train_example import TrainExample
 
@@ -379,7 +379,7 @@ class TrainStep:
     # every micro-batch adds whatever its mask) is on; then every micro-batch is computed.
     is_live = None if self._router_loss else (lambda mb: mb["loss_mask"].sum() > 0)
     loss = lambda p, mb: self._micro_loss(self.model_params(p, base), mb)
-    return grpo.microbatched_value_and_grad(loss, params, mini,
+    return reductions.microbatched_value_and_grad(loss, params, mini,
                                             self.config.train.micro_batches, is_live)
 
   def batch_logprobs(self, params, tokens, mask=None):
@@ -393,13 +393,13 @@ class TrainStep:
       return token_logprobs(self.model_cfg, params, t, temperature)[0]
 
     if mask is None:
-      lp = jax.lax.map(forward, grpo.split_micro_batches(tokens, n))
+      lp = jax.lax.map(forward, reductions.split_micro_batches(tokens, n))
     else:
       def one(args):
         t, m = args
         return jax.lax.cond(m.sum() > 0, forward,
                             lambda t: jnp.zeros(t.shape, jnp.float32), t)
-      lp = jax.lax.map(one, grpo.split_micro_batches((tokens, mask), n))
+      lp = jax.lax.map(one, reductions.split_micro_batches((tokens, mask), n))
     return jax.lax.stop_gradient(jnp.swapaxes(lp, 0, 1).reshape(tokens.shape))
 
   def prepare(self, params, batch, ref_params=None):
@@ -432,7 +432,7 @@ class TrainStep:
     mini = dict(mini)
     # Dr. GRPO's constant is the configured row length, not the row length this step was
     # padded to (train.seq_buckets), so that it is one constant across steps.
-    mini["weights"] = grpo.reduction_weights(mask, mini["group_ids"], rl.loss_reduction,
+    mini["weights"] = reductions.reduction_weights(mask, mini["group_ids"], rl.loss_reduction,
                                              rl.max_seq_len or int(self.config.train.seq_len))
     mini["metric_weights"] = mask / jnp.maximum(mask.sum(), 1.0)
     return mini
@@ -467,7 +467,7 @@ class TrainStep:
     ref = base if self.lora is not None and self.uses_ref else state.get("ref_params")
     prepared, adv_metrics = self.prepare(self.model_params(params, base), batch, ref)
     n_mini = self.config.train.mini_batches
-    minis = grpo.split_micro_batches(prepared, n_mini) if n_mini > 1 else None
+    minis = reductions.split_micro_batches(prepared, n_mini) if n_mini > 1 else None
     sums = []
     for i in range(n_mini):
       mini = prepared if minis is None else jax.tree.map(lambda x: x[i], minis)

@@ -18,7 +18,7 @@ import pytest
 
 from configs import tiny_cpu
 from rl import advantages
-from rl import grpo
+from rl import reductions
 from rl import policy_losses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,7 +71,7 @@ def test_the_arms_cover_every_registered_option():
   values = lambda key, default: {arm.get(key, default) for arm in arms}
   assert values("rl.advantage", "grpo") == set(advantages.available_advantage_estimators())
   assert values("rl.policy_loss", "dppo_binary_tv") == set(policy_losses.available_policy_losses())
-  assert values("rl.loss_reduction", "prompt_mean") == set(grpo.available_loss_reductions())
+  assert values("rl.loss_reduction", "prompt_mean") == set(reductions.available_loss_reductions())
   assert values("rl.tis.mode", "none") == {"none", "token", "sequence"}
   assert values("rl.kl.estimator", None) - {None} == {"k1", "k3"}
 

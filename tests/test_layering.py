@@ -270,7 +270,7 @@ def test_scan_sees_the_project():
   """The scan finds the packages and resolves imports: the other tests cannot pass on an
   empty graph."""
   scan = _scan()
-  for module in ("models.qwen3_5", "envs.eval_summary", "rl.grpo", "configs.base", "launch"):
+  for module in ("models.qwen3_5", "envs.eval_summary", "rl.reductions", "configs.base", "launch"):
     assert module in scan.modules, f"{module} not found by the layering scan"
   assert any(i.source == "models.qwen3_5" and i.target == "models.config"
              for i in scan.imports), "the scan missed models.qwen3_5 importing models.config"

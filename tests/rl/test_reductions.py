@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl import grpo
+from rl import reductions
 
 MODES = ["token_mean", "prompt_mean", "sequence_mean", "seq_mean_token_sum_norm"]
 
@@ -30,15 +30,15 @@ _GROUPS = np.array([0, 0, 1, 1], np.int32)
     ("seq_mean_token_sum_norm", 8, (4 + 6 + 10 + 6) / 8 / 4),       # 0.8125
 ])
 def test_hand_made_batch(mode, max_len, expected):
-  got = grpo.reduce_loss(jnp.asarray(_LOSS), jnp.asarray(_MASK), jnp.asarray(_GROUPS), mode,
+  got = reductions.reduce_loss(jnp.asarray(_LOSS), jnp.asarray(_MASK), jnp.asarray(_GROUPS), mode,
                          max_seq_len=max_len)
   np.testing.assert_allclose(float(got), expected, rtol=1e-6)
 
 
 def test_token_mean_differs_from_prompt_mean():
   args = (jnp.asarray(_LOSS), jnp.asarray(_MASK), jnp.asarray(_GROUPS))
-  tm = float(grpo.reduce_loss(*args, "token_mean"))
-  pm = float(grpo.reduce_loss(*args, "prompt_mean"))
+  tm = float(reductions.reduce_loss(*args, "token_mean"))
+  pm = float(reductions.reduce_loss(*args, "prompt_mean"))
   assert abs(tm - 3.25) < 1e-6 and abs(pm - 29 / 6) < 1e-6
   assert abs(tm - pm) > 1.0
 
@@ -49,8 +49,8 @@ def test_dead_rows_neither_add_nor_dilute():
   loss = np.concatenate([_LOSS, np.full((1, 4), 7.0, np.float32)])
   groups = np.array([0, 0, 1, 1, 5], np.int32)
   for mode in MODES:
-    a = grpo.reduce_loss(jnp.asarray(_LOSS), jnp.asarray(_MASK), jnp.asarray(_GROUPS), mode)
-    b = grpo.reduce_loss(jnp.asarray(loss), jnp.asarray(mask), jnp.asarray(groups), mode)
+    a = reductions.reduce_loss(jnp.asarray(_LOSS), jnp.asarray(_MASK), jnp.asarray(_GROUPS), mode)
+    b = reductions.reduce_loss(jnp.asarray(loss), jnp.asarray(mask), jnp.asarray(groups), mode)
     np.testing.assert_allclose(float(a), float(b), rtol=1e-6, err_msg=mode)
 
 
@@ -88,14 +88,14 @@ def test_random_batches_match_numpy(mode):
     mask[0, 0] = 1
     loss = rng.normal(size=(b, t)).astype(np.float32)
     groups = rng.permutation(np.repeat(rng.choice(1000, 4, replace=False), 3)).astype(np.int32)
-    got = grpo.reduce_loss(jnp.asarray(loss), jnp.asarray(mask), jnp.asarray(groups), mode)
+    got = reductions.reduce_loss(jnp.asarray(loss), jnp.asarray(mask), jnp.asarray(groups), mode)
     want = _numpy_reduce(loss, mask, groups, mode)
     np.testing.assert_allclose(float(got), want, rtol=1e-5, atol=1e-6, err_msg=f"{mode} {trial}")
 
 
 def test_unknown_mode_is_an_error():
   with pytest.raises(ValueError, match="unknown loss reduction"):
-    grpo.reduce_loss(jnp.ones((1, 1)), jnp.ones((1, 1)), jnp.zeros((1,), jnp.int32), "nope")
+    reductions.reduce_loss(jnp.ones((1, 1)), jnp.ones((1, 1)), jnp.zeros((1,), jnp.int32), "nope")
 
 
 # ----------------------------------------------------------------------------- micro-batching
@@ -132,13 +132,13 @@ def _loss_fn(params, mb):
 def test_micro_batches_give_same_loss_and_grads(mode):
   batch = _stand_in_batch()
   params = _stand_in_params()
-  batch["weights"] = grpo.reduction_weights(batch["mask"], batch["groups"], mode)
+  batch["weights"] = reductions.reduction_weights(batch["mask"], batch["groups"], mode)
 
-  direct = lambda p: grpo.reduce_loss(_token_loss(p, batch["x"]), batch["mask"], batch["groups"],
+  direct = lambda p: reductions.reduce_loss(_token_loss(p, batch["x"]), batch["mask"], batch["groups"],
                                       mode)
   ref_loss, ref_grads = jax.value_and_grad(direct)(params)
   for n in (1, 2, 4):
-    fn = jax.jit(lambda p, bt, n=n: grpo.microbatched_value_and_grad(_loss_fn, p, bt, n))
+    fn = jax.jit(lambda p, bt, n=n: reductions.microbatched_value_and_grad(_loss_fn, p, bt, n))
     (loss, aux), grads = fn(params, batch)
     np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5, err_msg=f"{mode} n={n}")
     np.testing.assert_allclose(float(aux["tokens"]), float(batch["mask"].sum()))
@@ -152,8 +152,8 @@ def test_naive_per_micro_batch_mean_would_differ():
   batch = _stand_in_batch()
   l = _token_loss(_stand_in_params(), batch["x"])
   m = batch["mask"]
-  exact = float(grpo.reduce_loss(l, m, batch["groups"], "token_mean"))
-  parts = grpo.split_micro_batches({"l": l, "m": m}, 4)
+  exact = float(reductions.reduce_loss(l, m, batch["groups"], "token_mean"))
+  parts = reductions.split_micro_batches({"l": l, "m": m}, 4)
   naive = np.mean([float((parts["l"][k] * parts["m"][k]).sum() / parts["m"][k].sum())
                    for k in range(4)])
   assert abs(naive - exact) > 1e-3
@@ -161,10 +161,10 @@ def test_naive_per_micro_batch_mean_would_differ():
 
 def test_split_is_strided():
   x = jnp.arange(8)
-  np.testing.assert_array_equal(np.asarray(grpo.split_micro_batches(x, 2)),
+  np.testing.assert_array_equal(np.asarray(reductions.split_micro_batches(x, 2)),
                                 [[0, 2, 4, 6], [1, 3, 5, 7]])
   with pytest.raises(ValueError, match="not divisible"):
-    grpo.split_micro_batches(jnp.arange(6), 4)
+    reductions.split_micro_batches(jnp.arange(6), 4)
 
 
 # ----------------------------------------------------------------------------- dead rows skipped
@@ -182,11 +182,11 @@ def test_pack_live_rows_fills_first_micro_batches_and_keeps_every_row():
   batch, dead = _batch_with_dead_group()
   host = {k: np.asarray(v) for k, v in batch.items()}
   host["row"] = np.arange(8)
-  packed = grpo.pack_live_rows(host, ~dead, 4)
+  packed = reductions.pack_live_rows(host, ~dead, 4)
   assert sorted(packed["row"]) == list(range(8))
   for k in ("x", "mask", "groups"):      # rows move whole
     np.testing.assert_array_equal(packed[k], host[k][packed["row"]])
-  live_per_micro = (np.asarray(grpo.split_micro_batches(packed["mask"], 4)).sum((1, 2)) > 0)
+  live_per_micro = (np.asarray(reductions.split_micro_batches(packed["mask"], 4)).sum((1, 2)) > 0)
   # 5 live rows in micro-batches of 2: the first three hold them, the last one is all dead.
   assert live_per_micro.tolist() == [True, True, True, False]
 
@@ -197,21 +197,21 @@ def test_live_rows_drops_zero_variance_groups_only_when_filtering():
   valid = np.array([1, 1, 1, 1, 1, 1, 1, 0], bool)
   mask = np.ones((8, 3), np.float32)
   mask[1] = 0
-  np.testing.assert_array_equal(grpo.live_rows(rewards, groups, valid, mask, True),
+  np.testing.assert_array_equal(reductions.live_rows(rewards, groups, valid, mask, True),
                                 [1, 0, 0, 0, 0, 0, 0, 0])
-  np.testing.assert_array_equal(grpo.live_rows(rewards, groups, valid, mask, False),
+  np.testing.assert_array_equal(reductions.live_rows(rewards, groups, valid, mask, False),
                                 [1, 0, 1, 1, 1, 1, 1, 0])
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_skipping_dead_micro_batches_gives_same_loss_and_grads(mode):
   batch, dead = _batch_with_dead_group()
-  batch = grpo.pack_live_rows({k: np.asarray(v) for k, v in batch.items()}, ~dead, 4)
+  batch = reductions.pack_live_rows({k: np.asarray(v) for k, v in batch.items()}, ~dead, 4)
   batch = {k: jnp.asarray(v) for k, v in batch.items()}
-  batch["weights"] = grpo.reduction_weights(batch["mask"], batch["groups"], mode)
+  batch["weights"] = reductions.reduction_weights(batch["mask"], batch["groups"], mode)
   params = _stand_in_params()
-  full = jax.jit(lambda p, bt: grpo.microbatched_value_and_grad(_loss_fn, p, bt, 4))
-  skip = jax.jit(lambda p, bt: grpo.microbatched_value_and_grad(
+  full = jax.jit(lambda p, bt: reductions.microbatched_value_and_grad(_loss_fn, p, bt, 4))
+  skip = jax.jit(lambda p, bt: reductions.microbatched_value_and_grad(
       _loss_fn, p, bt, 4, is_live=lambda mb: mb["mask"].sum() > 0))
   (loss_f, aux_f), grads_f = full(params, batch)
   (loss_s, aux_s), grads_s = skip(params, batch)
@@ -227,14 +227,14 @@ def test_dead_micro_batches_are_not_computed():
   batch, dead = _batch_with_dead_group()
   host = {k: np.asarray(v).copy() for k, v in batch.items()}
   host["x"][dead] = np.nan
-  host = grpo.pack_live_rows(host, ~dead, 4)
+  host = reductions.pack_live_rows(host, ~dead, 4)
   # Only the all-dead micro-batch may hold NaN rows; a live one holding dead rows is computed.
   host["x"][np.isnan(host["x"]).any(axis=(1, 2)) & (np.arange(8) % 4 != 3)] = 0.0
   batch = {k: jnp.asarray(v) for k, v in host.items()}
-  batch["weights"] = grpo.reduction_weights(batch["mask"], batch["groups"], "token_mean")
+  batch["weights"] = reductions.reduction_weights(batch["mask"], batch["groups"], "token_mean")
   params = _stand_in_params()
-  (loss, _), grads = grpo.microbatched_value_and_grad(_loss_fn, params, batch, 4)
+  (loss, _), grads = reductions.microbatched_value_and_grad(_loss_fn, params, batch, 4)
   assert np.isnan(float(loss))
-  (loss, _), grads = grpo.microbatched_value_and_grad(
+  (loss, _), grads = reductions.microbatched_value_and_grad(
       _loss_fn, params, batch, 4, is_live=lambda mb: mb["mask"].sum() > 0)
   assert np.isfinite(float(loss)) and all(np.isfinite(np.asarray(g)).all() for g in grads.values())

@@ -14,7 +14,7 @@ import pytest
 from models import sharding
 from models import xla_flags
 from rl import checkpoint as ckpt_lib
-from rl import grpo
+from rl import reductions
 from rl import train_step
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_utils  # noqa: E402
@@ -134,13 +134,13 @@ def test_step_with_filtered_groups_packed_and_skipped_matches_one_micro_batch(ba
   batch = {k: np.array(v) for k, v in batch.items()}
   first = batch["group_ids"] == batch["group_ids"][0]
   batch["rewards"][first] = 1.0                           # group 0: all pass, no signal
-  live = grpo.live_rows(batch["rewards"], batch["group_ids"], np.ones(len(first), bool),
+  live = reductions.live_rows(batch["rewards"], batch["group_ids"], np.ones(len(first), bool),
                         batch["loss_mask"], True)
   assert live.tolist() == (~first).tolist()
   outs = {}
   for n in (1, 2):
     step = _step("single", **{"train.micro_batches": n}) if n > 1 else _step("single")
-    b = grpo.pack_live_rows(batch, live, n)
+    b = reductions.pack_live_rows(batch, live, n)
     state, m = step(_put_state(step, host_state), step.shard_batch(b))
     outs[n] = (jax.device_get(m), jax.device_get(state["params"]))
   (m1, p1), (m2, p2) = outs[1], outs[2]
