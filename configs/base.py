@@ -372,7 +372,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.loop.tools = ()                  # tools shown to the policy; () = every tool of the world
   c.loop.tool_schema = "full"        # tool JSON in the system turn: full (as served) | compact (name + required params)
   c.loop.sft_first = True            # --mode=rl starts from the SFT checkpoint, training it first if missing
-  c.loop.max_staleness = 0           # 0 = synchronous; k >= 1 = next k steps' rollouts drawn while training (rl/rollout_prefetch.py)
+  c.loop.max_staleness = 0           # 0 = synchronous; k >= 1 = next k steps' rollouts drawn while training (rl/rollout/prefetch.py)
   c.loop.eval_every = 0              # RL steps between held-out evals; 0 = only before and after RL
   c.loop.eval_levels = (1, 2, 3)     # task levels of the held-out eval (eval split)
   c.loop.eval_max_tasks = 0          # held-out eval on the first N tasks of those levels; 0 = all

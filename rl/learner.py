@@ -10,7 +10,7 @@ the loop around it.
             -> weight sync to the rollout servers -> log.
 
 Rollouts of step s come from weights at most loop.max_staleness versions old (0: the weights
-step s trains; rl/rollout_prefetch.py). A killed run resumes from its newest checkpoint with the
+step s trains; rl/rollout/prefetch.py). A killed run resumes from its newest checkpoint with the
 same data position, so it continues as the uninterrupted run would.
 """
 from __future__ import annotations

@@ -134,7 +134,9 @@ def sft_validate(eval_fn, params, data: dict, batch_size: int, multiple: int) ->
     t = bucket_len(data["lengths"][rows].max(), multiple)
     a, b, c = eval_fn(params, {"tokens": data["tokens"][rows, :t],
                                "loss_mask": data["loss_mask"][rows, :t]})
-    nll.append(np.asarray(a)); n.append(np.asarray(b)); hits.append(np.asarray(c))
+    nll.append(np.asarray(a))
+    n.append(np.asarray(b))
+    hits.append(np.asarray(c))
   nll, n, hits = map(np.concatenate, (nll, n, hits))
   return {"val_loss": float(nll.sum() / max(n.sum(), 1)),
           "val_token_acc": float(hits.sum() / max(n.sum(), 1)),

@@ -42,9 +42,8 @@ do not change the loss or the gradients.
 """
 from __future__ import annotations
 
-import functools
 import re
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -330,7 +329,7 @@ class TrainStep:
     if isinstance(batch, TrainExample):
       batch = batch.as_arrays()
       if jax.process_count() > 1:
-        # Every process holds the step's whole batch (rl/rollouts.py gathers the episodes);
+        # Every process holds the step's whole batch (rl/rollout/draw.py gathers the episodes);
         # each contributes its own block of rows, the ones its devices hold.
         n, i = jax.process_count(), jax.process_index()
         batch = {k: v[i * len(v) // n:(i + 1) * len(v) // n] for k, v in batch.items()}
@@ -542,8 +541,3 @@ class TrainStep:
     """Lowers the step for (abstract) state and batch without running it."""
     with sharding.use_mesh(self.mesh, self.rules):
       return self._compiled_for(batch).lower(state, batch, *self._base_args(abstract=True))
-
-
-def train_step(state, batch, *, step_fn: TrainStep):
-  """Functional spelling: `train_step(state, batch, step_fn=TrainStep(config, mesh))`."""
-  return step_fn(state, batch)
