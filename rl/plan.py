@@ -30,7 +30,7 @@ adapters' alone; the base's merged weights add to the activations (`lora_terms`)
 
 Below the train step it prints the rollout engine's side (rl/rollout/capacity.py), for a serve
 job and for an engine in the trainer's process, which leaves the train step what this plan says
-it holds (`sharing_the_trainers_devices`).
+it holds (`rollout.capacity.sharing_devices`).
 """
 from __future__ import annotations
 
@@ -387,21 +387,6 @@ def train_step_bytes_per_device(config, num_devices: int = 0) -> int:
   return p["params"] + p["grads"] + p["opt"] + p["ref_params"] + p["activations"][0][1]["total"]
 
 
-def sharing_the_trainers_devices(config, num_devices: int = 0):
-  """`config` for an engine in the trainer's process, which serves from the train step's own
-  devices: rollout.capacity.reserve_gib grows by what the train step holds on the engine's
-  devices, so the planner's slots and kept turns leave it that memory (a serve job has its
-  devices to itself). Returned as is when rollout.slots is set (nothing is planned)."""
-  if config.rollout.slots:
-    return config
-  held = (capacity.engine_devices(config, num_devices)
-          * train_step_bytes_per_device(config, num_devices))
-  c = config.copy_and_resolve_references()
-  with c.unlocked():
-    c.rollout.capacity.reserve_gib = float(c.rollout.capacity.reserve_gib) + held / GiB
-  return c
-
-
 def weight_sync_bytes_per_host(config, num_devices: int, num_processes: int) -> int:
   """Bytes one weight sync brings to each host when every process's rollout engine serves from
   that process's own devices (rl/distributed.host_copy): each param's bytes (param dtype) that
@@ -441,7 +426,8 @@ def format_rollout_plan(config, num_devices: int) -> str:
            f"decode state {_size(p.bytes_per_seq)} a sequence (KV {_size(p.kv_bytes_per_seq)}, "
            f"Gated DeltaNet {_size(p.gdn_bytes_per_seq)}); engine memory "
            f"{_size(p.engine_memory_bytes)} (rollout.capacity.memory_fraction {r.capacity.memory_fraction})"]
-  shared = sharing_the_trainers_devices(config, num_devices)
+  shared = capacity.sharing_devices(
+      config, lambda: train_step_bytes_per_device(config, num_devices), num_devices)
   for where, c in (("as a serve job", config), ("in the trainer's process", shared)):
     held = c.rollout.capacity.reserve_gib - r.capacity.reserve_gib
     fit = capacity.plan_from_config(c, num_devices).per_engine

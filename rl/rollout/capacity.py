@@ -180,3 +180,21 @@ def main():
 
 if __name__ == "__main__":
   main()
+
+
+def sharing_devices(config, train_bytes_per_device, num_devices: int = 0):
+  """`config` for an engine in the trainer's process, which serves from the train step's own
+  devices: rollout.capacity.reserve_gib grows by what the train step holds on the engine's
+  devices, so the planner's slots and kept turns leave it that memory (a serve job has its
+  devices to itself). Returned as is when rollout.slots is set (nothing is planned).
+
+  train_bytes_per_device: () -> what the train step holds on each device at its peak
+  (rl/plan.py's `train_step_bytes_per_device`), called only when slots are planned.
+  """
+  if config.rollout.slots:
+    return config
+  held = engine_devices(config, num_devices) * train_bytes_per_device()
+  c = config.copy_and_resolve_references()
+  with c.unlocked():
+    c.rollout.capacity.reserve_gib = float(c.rollout.capacity.reserve_gib) + held / GIB
+  return c

@@ -18,10 +18,11 @@ from envs import sandbox
 from envs.harness.jetstream_client import jetstream_policy_factory
 from envs.harness.pool import AgentPool
 from rl import distributed
+from rl import plan
 from rl.batch import informative_groups
 from rl.batch import pick_groups
 from rl.metrics import progress_bar
-from rl.plan import sharing_the_trainers_devices
+from rl.rollout import capacity
 from rl.rollout.published_weights import WeightPublisher
 from rl.rollout.serve import build_server
 from rl.task_data import make_episodes
@@ -108,7 +109,8 @@ def served_policy(config, params, version: int = 0):
       server.stop()
       raise
   else:
-    server = build_server(sharing_the_trainers_devices(config), params=params, port=0,
+    shared = capacity.sharing_devices(config, lambda: plan.train_step_bytes_per_device(config))
+    server = build_server(shared, params=params, port=0,
                           initial_version=version)
     with cfg.unlocked():
       cfg.rollout.address = server.address

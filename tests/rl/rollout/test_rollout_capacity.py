@@ -116,10 +116,11 @@ def test_device_memory_is_the_plan_sections_unless_told():
 def test_an_engine_in_the_trainers_process_leaves_the_train_step_its_memory():
   c = tiny_cpu.get_config()
   c.unlock()
-  assert train_plan.sharing_the_trainers_devices(c) is c     # rollout.slots set: nothing planned
+  train_bytes = lambda: train_plan.train_step_bytes_per_device(c, 8)
+  assert capacity.sharing_devices(c, train_bytes) is c     # rollout.slots set: nothing planned
   c.rollout.slots = 0
   c.plan.device_memory_gib = 0.25
-  shared = train_plan.sharing_the_trainers_devices(c, num_devices=8)
+  shared = capacity.sharing_devices(c, train_bytes, num_devices=8)
   p = train_plan.memory_plan(c, 8, [c.train.seq_len])
   held = p["params"] + p["grads"] + p["opt"] + p["activations"][0][1]["total"]
   assert held > 0
