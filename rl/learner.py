@@ -218,10 +218,6 @@ def run_rl(config, flags=None) -> dict:
     # Judge criteria without a judge: fail before SFT and rollouts, not at the first grade.
     judge_lib.require(train_tasks + eval_tasks, config.envs.judge)
   step_fn = TrainStep(config, sharding.make_mesh(config.mesh))
-  if step_fn.lora is not None and config.rollout.servers:
-    raise ValueError("lora.rank > 0 with rollout.servers: separate rollout servers take whole "
-                     "params only; serve LoRA rollouts from the trainer's process "
-                     "(rollout.servers=())")
   ckpt = Checkpointer.from_config(config)
   start_step, state, meta = restore_or_start(config, step_fn, ckpt, metrics)
   stream = TaskStream(train_tasks, config.seed, meta.get("data_position", 0))
@@ -230,10 +226,13 @@ def run_rl(config, flags=None) -> dict:
   try:
     # The engine copies the weights device to device (rl/rollout/engine.py, _place).
     # Graders reach a judge served from envs.judge.checkpoint through judged's config copy.
-    served = state["params"] if step_fn.lora is None else step_fn.base
+    # With LoRA an engine in this process starts from the base (then takes adapters); separate
+    # servers load the base themselves (--mode=serve --weights) and are published adapters.
+    in_process = step_fn.lora is not None and not config.rollout.servers
+    served = step_fn.base if in_process else state["params"]
     with judge_server.judged(config) as judged_cfg, served_policy(
         judged_cfg, distributed.host_copy(served), start_step) as (server, cfg, pool):
-      if step_fn.lora is not None and start_step:   # resumed: the checkpoint's adapters
+      if in_process and start_step:   # resumed: the checkpoint's adapters
         server.update_weights(distributed.host_copy(state["params"]), version=start_step)
       if "before_rl" not in summary:
         s = evaluate(pool, cfg, eval_tasks, 0, "before RL")

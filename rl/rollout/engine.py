@@ -578,6 +578,18 @@ class QwenEngine(engine_api.Engine):
     with self._ctx():
       return jax.block_until_ready(self._merge_jit(self._base, adapters))
 
+  def sync_target(self):
+    """What `update_params` takes, as ShapeDtypeStructs with their shardings (a restore target
+    for a published version, rl/rollout/published_weights.py): `params_target`, or with LoRA
+    the adapters (float32)."""
+    if self._lora is None:
+      return self.params_target()
+    shardings = self._adapter_shardings
+    if shardings is None:
+      one = jax.sharding.SingleDeviceSharding(self._abstract_on or jax.local_devices()[0])
+      shardings = jax.tree.map(lambda _: one, self._abstract_adapters)
+    return sharding.with_shardings(self._abstract_adapters, shardings)
+
   def params_target(self):
     """The engine's params as ShapeDtypeStructs with their shardings: a restore target that
     puts each shard of a saved tree straight on the device that serves it."""

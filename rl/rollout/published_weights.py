@@ -187,7 +187,7 @@ class WeightWatcher:
     version = steps[-1]
     t0 = time.monotonic()
     try:
-      target = self.engine.params_target()
+      target = self.engine.sync_target()   # the params, or with LoRA the adapters
       _check_matches(self._ckpt.saved_state_metadata(version)["params"], target)
       state, _ = self._ckpt.restore(version, {"params": target})
       self.engine.update_params(state["params"], version=version)

@@ -15,6 +15,8 @@ from models import qwen3_5
 from models import sharding
 from rl import train_step
 from rl.rollout import serve
+from rl.rollout.published_weights import WeightPublisher
+from rl.rollout.published_weights import WeightWatcher
 
 MAX_LEN = 64
 PROMPT = [900, 3, 3, 77, 12, 640, 8]
@@ -140,3 +142,29 @@ def test_adapters_from_a_sharded_train_state_merge_on_the_engine(config, model):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
   finally:
     s.stop()
+
+
+def test_a_server_job_serves_published_adapters_merged_into_its_base(server, client, model,
+                                                                     tmp_path):
+  """A rollout server run as its own job (rollout.servers): the trainer publishes the adapters
+  alone, the server restores them (`sync_target`) and serves them merged into its base."""
+  cfg, spec, base, adapters = model
+  weights_dir = str(tmp_path / "weights")
+  watcher = WeightWatcher(weights_dir, server.engine, poll_s=0.05).start()
+  publisher = WeightPublisher(weights_dir, [server.address], timeout_s=120, poll_s=0.05)
+  try:
+    assert publisher.update_weights(adapters, 10) == 10
+    saved = publisher._ckpt.saved_state_metadata(10)["params"]  # pylint: disable=protected-access
+    assert sharding.shape_dtype_mismatches(saved, adapters) == []   # the adapters, nothing else
+    full = jax.jit(functools.partial(qwen3_5.forward, cfg))
+    merged = lora.merge(base, adapters, spec.scale)
+    ids = list(PROMPT)
+    for _ in range(6):
+      tokens = np.zeros((1, MAX_LEN), np.int32)
+      tokens[0, :len(ids)] = ids
+      ids.append(int(jnp.argmax(full(merged, jnp.asarray(tokens))[0, len(ids) - 1])))
+    out = client.generate(PROMPT, SamplingParams(temperature=0.0), max_tokens=6, stop_ids=[])
+    assert (out.ids, out.weights_version) == (ids[len(PROMPT):], 10)
+  finally:
+    publisher.stop()
+    watcher.stop()
