@@ -21,6 +21,7 @@ import math
 import jax
 
 from configs import base
+from models import lora
 from models import qwen3_5
 from models import sharding
 from models.config import FULL
@@ -100,7 +101,22 @@ def plan_from_config(config, num_devices: int = 0) -> Plan:
               memory_fraction=c.memory_fraction, num_engines=c.num_engines,
               tensor_parallel=c.tensor_parallel,
               weight_bytes=c.weight_bytes or _DTYPE_BYTES[weights_dtype],
-              cache_bytes=c.cache_bytes or _DTYPE_BYTES[cache_dtype], reserve_gib=c.reserve_gib)
+              cache_bytes=c.cache_bytes or _DTYPE_BYTES[cache_dtype], reserve_gib=c.reserve_gib,
+              num_params=held_params(config, cfg))
+
+
+def held_params(config, cfg) -> int:
+  """Weights the engine holds: the model's, and with LoRA the base of each adapted weight
+  besides the merged one it serves (rl/rollout/engine.py keeps the base to merge each sync
+  into)."""
+  total = qwen3_5.count_params(cfg)["total"]
+  spec = lora.from_config(config.lora) if "lora" in config else None
+  if spec is None:
+    return total
+  shapes = jax.eval_shape(lambda k: qwen3_5.init_params(cfg, k), jax.random.key(0))
+  adapted = set(lora.adapted_paths(spec, qwen3_5.param_axes(cfg)))
+  return total + sum(math.prod(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(shapes)
+                     if jax.tree_util.keystr(p, simple=True, separator="/") in adapted)
 
 
 def engine_devices(config, num_devices: int = 0) -> int:

@@ -14,6 +14,7 @@ from models import lora
 from models import qwen3_5
 from models import sharding
 from rl import train_step
+from rl.rollout import capacity
 from rl.rollout import serve
 from rl.rollout.published_weights import WeightPublisher
 from rl.rollout.published_weights import WeightWatcher
@@ -168,3 +169,17 @@ def test_a_server_job_serves_published_adapters_merged_into_its_base(server, cli
   finally:
     publisher.stop()
     watcher.stop()
+
+
+def test_the_capacity_planner_counts_the_base_a_lora_engine_keeps_beside_its_served_weights(
+    config, model):
+  cfg, spec, base, _ = model
+  full = config.copy_and_resolve_references()
+  with full.unlocked():
+    full.lora.rank = 0
+  adapted = sum(x.size for p, x in jax.tree_util.tree_leaves_with_path(base)
+                if jax.tree_util.keystr(p, simple=True, separator="/")
+                in set(lora.adapted_paths(spec, qwen3_5.param_axes(cfg))))
+  with_lora, without = capacity.plan_from_config(config, 1), capacity.plan_from_config(full, 1)
+  per_param = without.weight_bytes // qwen3_5.count_params(cfg)["total"]
+  assert with_lora.weight_bytes - without.weight_bytes == adapted * per_param > 0
