@@ -3,7 +3,8 @@ shipped base (real JetStream server, worlds, agent pool, orbax checkpoints) unde
 and between them the arms cover every registered advantage estimator, policy loss and loss
 reduction, both TIS modes, both KL estimators (the KL penalty's reference policy held in the
 train state), dynamic sampling, bounded staleness, recomputed old logprobs, mini-batches, the
-dual clip, the MoE balance loss and SGD. The default (GRPO, DPPO binary-TV, prompt_mean) is
+dual clip, the MoE balance loss, SGD and LoRA (adapters on a frozen base, the KL reference the
+base, the weight sync the adapters alone). The default (GRPO, DPPO binary-TV, prompt_mean) is
 the arm of tests/test_e2e_pod.py (which also checks that its loss acts on non-zero advantages)
 and tests/test_e2e_rl.py, and counts here as one.
 
@@ -17,6 +18,7 @@ import sys
 import pytest
 
 from configs import tiny_cpu
+from models import qwen3_5
 from rl import advantages
 from rl import reductions
 from rl import policy_losses
@@ -44,6 +46,10 @@ ARMS = {
         "rl.policy_loss": "rollout_is", "rl.loss_reduction": "seq_mean_token_sum_norm",
         "rl.filter_zero_variance": False, "rl.moe_aux_loss_coef": 0.01, "optim.name": "sgd",
         "optim.lr": 0.05},
+    "lora_kl_k3_token_stale": {
+        "lora.rank": 4, "optim.trainable": "", "optim.lr": 1e-3, "rl.kl.coef": 0.1,
+        "rl.kl.estimator": "k3", "rl.loss_reduction": "token_mean", "loop.max_staleness": 1,
+        "train.micro_batches": 1},
 }
 # The default configuration's arm, run by tests/test_e2e_pod.py.
 _DEFAULT = tiny_cpu.get_config()
@@ -106,3 +112,8 @@ def test_rl_option_runs_end_to_end(tmp_path, name):
     assert [r["rollout/staleness"] for r in train] == [0.0, 1.0]
   if arm.get("rl.moe_aux_loss_coef"):
     assert all(r["loss/moe_load_balance"] > 0 for r in train)
+  if arm.get("lora.rank"):
+    # Each sync sends the adapters alone: rank-4 pairs, a fraction of the model's bytes.
+    model_bytes = 4 * qwen3_5.count_params(qwen3_5.config_from_dict(_DEFAULT.model))["total"]
+    assert {r["sync/bytes"] for r in train} == {train[0]["sync/bytes"]}
+    assert 0 < train[0]["sync/bytes"] < model_bytes / 3
