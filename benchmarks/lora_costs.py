@@ -45,8 +45,8 @@ SIZES = {
                   vocab=1024),
 }
 # The default LoRA targets (configs/base.py lora.targets).
-TARGETS = (r"mixer/(q_proj|k_proj|v_proj|o_proj|in_proj_qkv|in_proj_z|out_proj)$",
-           r"ffn/(shared_)?(gate_proj|up_proj|down_proj)$", r"ffn/(wi_gate|wi_up|wo)$")
+TARGETS = (r"(mixer/(q_proj|k_proj|v_proj|o_proj|in_proj_qkv|in_proj_z|out_proj)"
+           r"|ffn/(shared_)?(gate_proj|up_proj|down_proj)|ffn/(wi_gate|wi_up|wo))$",)
 
 
 def model_config(size: dict, param_dtype: str) -> config_lib.ModelConfig:

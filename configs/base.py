@@ -218,10 +218,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.lora = ml_collections.ConfigDict()
   c.lora.rank = 0                    # adapter rank r; 0 = off (RL trains the base's params, optim.trainable)
   c.lora.alpha = 32.0                # the update is scaled by alpha / rank
-  c.lora.targets = (                 # regexes re.search-matched against param paths ('blocks/0/mixer/q_proj'); the router only if named
-      r"mixer/(q_proj|k_proj|v_proj|o_proj|in_proj_qkv|in_proj_z|out_proj)$",
-      r"ffn/(shared_)?(gate_proj|up_proj|down_proj)$",
-      r"ffn/(wi_gate|wi_up|wo)$",
+  c.lora.targets = (                 # regexes re.search-matched against param paths ('blocks/0/mixer/q_proj'), each matching some projection; the router only if named
+      r"(mixer/(q_proj|k_proj|v_proj|o_proj|in_proj_qkv|in_proj_z|out_proj)"
+      r"|ffn/(shared_)?(gate_proj|up_proj|down_proj)|ffn/(wi_gate|wi_up|wo))$",
   )
   c.lora.export_dir = ""             # --mode=rl's end writes <dir>/adapter (PEFT layout), <dir>/merged (and <dir>/base when the base has no Hugging Face directory); "" = none (rl/lora_export.py)
 

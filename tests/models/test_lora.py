@@ -155,3 +155,14 @@ def test_the_router_adapter_maps_embed_to_experts_one_pair_per_layer(model):
   router = adapters["blocks"][0]["ffn"]["router"]
   assert router["a"].shape == (cfg.num_cycles, cfg.hidden_size, spec.rank)
   assert router["b"].shape == (cfg.num_cycles, spec.rank, cfg.num_experts)
+
+
+def test_the_default_targets_adapt_a_dense_model_and_one_without_a_shared_expert():
+  for kw in ({"use_moe": False}, {"shared_expert_intermediate_size": 0}):
+    m = base.get_model_config()
+    m.update(kw)
+    cfg = qwen3_5.config_from_dict(m)
+    names = {p.split("/", 2)[2] for p in lora.adapted_paths(_spec(), qwen3_5.param_axes(cfg))}
+    assert "mixer/q_proj" in names
+    assert ({"ffn/gate_proj", "ffn/down_proj"} if kw.get("use_moe") is False
+            else {"ffn/wi_gate", "ffn/wo"}) <= names
