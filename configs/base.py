@@ -55,7 +55,7 @@ def get_model_config() -> ml_collections.ConfigDict:
   m.gdn_backward = "custom"          # gradient of the GDN intra-chunk triangular solve: custom (hand-written VJP) | autodiff (reference)
   m.scan_unroll = -1                 # layer cycles per step of the layer scan; 0 = fully unrolled; -1 = auto (unrolled up to 2 cycles, else 1; docs/model.md)
   m.attention_impl = "auto"          # reference (einsums) | xla | cudnn (jax.nn.dot_product_attention) | auto (per backend, docs/model.md)
-  m.moe_dispatch = "auto"            # routed experts: ragged_dot | blocked (expert blocks, one batched matmul) | auto (= blocked; docs/model.md)
+  m.moe_dispatch = "auto"            # routed experts: ragged_dot | blocked (expert blocks, one batched matmul) | gmm (TPU grouped-matmul kernel) | auto (gmm on TPU where widths are multiples of 128, else blocked; docs/model.md)
   m.moe_block_size = 128             # blocked dispatch: rows per expert block (fewer when tokens per expert are fewer)
   return references.preset_defaults(m)
 

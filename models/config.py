@@ -70,8 +70,9 @@ class ModelConfig:
       raise ValueError("linear_num_value_heads must be a multiple of linear_num_key_heads")
     if self.use_moe and not 0 < self.num_experts_per_tok <= self.num_experts:
       raise ValueError("num_experts_per_tok must be in [1, num_experts]")
-    if self.moe_dispatch not in ("auto", "ragged_dot", "blocked"):
-      raise ValueError(f"moe_dispatch must be 'auto', 'ragged_dot' or 'blocked', got {self.moe_dispatch!r}")
+    if self.moe_dispatch not in ("auto", "ragged_dot", "blocked", "gmm"):
+      raise ValueError("moe_dispatch must be 'auto', 'ragged_dot', 'blocked' or 'gmm', got "
+                       f"{self.moe_dispatch!r}")
     if self.moe_block_size < 1:
       raise ValueError(f"moe_block_size must be >= 1, got {self.moe_block_size}")
     if self.remat not in ("none", "full"):

@@ -26,13 +26,17 @@ computation. `cfg.moe_dispatch` picks how the sorted rows meet the expert weight
               gathered per block ([blocks, embed, expert_mlp]) and applied by one batched
               matmul. Padding rows are zero and never read back, so results and gradients are
               those of the exact computation. Cost: rows <= n*k + min(E, n*k) * (block - 1).
-  auto        per backend, `AUTO_DISPATCH`: `blocked` on cpu, gpu and tpu.
+  gmm         each expert's rows against its weights by jax's grouped-matmul kernel for TPU
+              (Pallas `megablox`): no per-block weight copies. On TPU only (elsewhere Pallas'
+              interpreter runs it: tests), for widths that are multiples of 128 (`gmm_fits`).
+  auto        per backend, `AUTO_DISPATCH`: `blocked` on cpu and gpu, `gmm` on tpu where it fits.
 """
 import math
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
 from jax.sharding import PartitionSpec
 
 from models import config as config_lib
@@ -101,24 +105,48 @@ def route(router_w, x, cfg: ModelConfig):
   return logits, weights, experts
 
 
-DISPATCHES = ("auto", "ragged_dot", "blocked")
+DISPATCHES = ("auto", "ragged_dot", "blocked", "gmm")
 
-# What "auto" means on each backend (jax.default_backend() at trace time). cpu: XLA:CPU has no
+# What "auto" means on each backend (the platform being traced for). cpu: XLA:CPU has no
 # ragged_dot kernel and computes every row against every expert, so its cost grows with the
 # expert count; the blocked path is faster on the whole step (docs/model.md). gpu: XLA:GPU also
 # rewrites ragged_dot into zero-padded dense matmuls; on an H200 the ~1B model's fwd+bwd ran
-# slower with it than blocked (docs/results.md#one-h200). tpu: same reasoning (not measured).
+# slower with it than blocked (docs/results.md#one-h200). tpu: jax's grouped-matmul kernel
+# (`gmm`), which reads each expert's weights once where the blocked layout copies them per
+# block (the 35B-A3B step's temporaries on v5p: docs/results.md, compiler figures), where the
+# widths allow its tiles (`gmm_fits`), else blocked.
 AUTO_DISPATCH = {"cpu": "blocked", "gpu": "blocked", "cuda": "blocked", "rocm": "blocked",
-                 "tpu": "blocked"}
+                 "tpu": "gmm"}
 
 
 def resolve_dispatch(dispatch: str, backend: str | None = None) -> str:
-  """The concrete dispatch for `dispatch` on `backend` (default: jax.default_backend())."""
+  """The concrete dispatch for `dispatch` on `backend` (default: the platform traced for)."""
   if dispatch not in DISPATCHES:
     raise ValueError(f"model.moe_dispatch must be one of {DISPATCHES}, got {dispatch!r}")
   if dispatch != "auto":
     return dispatch
   return AUTO_DISPATCH.get(backend or config_lib.platform(), "blocked")
+
+
+def gmm_fits(cfg: ModelConfig) -> bool:
+  """Whether the TPU grouped-matmul kernel can tile this model: its tiles are 128 wide, and
+  Pallas on TPU takes a block that is a multiple of 128 or the whole dimension (in both the
+  forward and the transposed backward), so hidden_size and moe_intermediate_size must be
+  multiples of 128."""
+  return cfg.hidden_size % 128 == 0 and cfg.moe_intermediate_size % 128 == 0
+
+
+def dispatch_of(cfg: ModelConfig) -> str:
+  """The dispatch `cfg` runs with: `resolve_dispatch`, with `auto`'s gmm falling back to blocked
+  where `gmm_fits` does not hold; an explicit gmm there is an error on TPU."""
+  dispatch = resolve_dispatch(cfg.moe_dispatch)
+  if dispatch != "gmm" or gmm_fits(cfg) or config_lib.platform() != "tpu":
+    return dispatch
+  if cfg.moe_dispatch == "auto":
+    return "blocked"
+  raise ValueError(f"model.moe_dispatch='gmm' on TPU needs hidden_size and "
+                   f"moe_intermediate_size multiples of 128, got {cfg.hidden_size} and "
+                   f"{cfg.moe_intermediate_size}")
 
 
 def block_size(num_pairs: int, num_experts: int, max_block: int) -> int:
@@ -282,10 +310,45 @@ def _ragged_dot_experts(p, x, weights, experts, cfg: ModelConfig):
   return ragged_combine(ys, order, weights)
 
 
+# Row tile of the grouped matmul: the sorted rows are padded to a multiple of it.
+GMM_ROW_TILE = 128
+
+
+def _gmm(xs, w, group_sizes):
+  """xs [rows, d_in] sorted by expert @ each group's expert w [experts, d_in, d_out].
+
+  jax's grouped-matmul kernel for TPU (Pallas, `megablox`, with its own VJP: the weight
+  gradient is a transposed grouped matmul); on other platforms Pallas' interpreter runs it
+  (the tests' CPU). Tiles of 128 on every dimension, or the whole dimension when smaller.
+  """
+  interpret = config_lib.platform() != "tpu"
+  tiling = (GMM_ROW_TILE, min(128, xs.shape[1], w.shape[2]), min(128, xs.shape[1], w.shape[2]))
+  return megablox.gmm(xs, w, group_sizes, xs.dtype, tiling, None, None, False, interpret)
+
+
+def _gmm_experts(p, x, weights, experts, cfg: ModelConfig):
+  """The ragged layout (rows sorted by expert, no padding per expert) through `_gmm`: each
+  expert's weights are read once, not copied per block; the rows are padded at the end to
+  whole row tiles, counted in the last expert's group (zero rows: zero outputs, no gradient)."""
+  xs, (order, group_sizes) = ragged_dispatch(x, experts, cfg)
+  rows = xs.shape[0]
+  pad = -rows % GMM_ROW_TILE
+  xs = jnp.pad(xs, ((0, pad), (0, 0)))
+  group_sizes = group_sizes.at[-1].add(pad)
+  dt = cfg.jnp_dtype
+  gate = _gmm(xs, p["wi_gate"].astype(dt), group_sizes)
+  up = _gmm(xs, p["wi_up"].astype(dt), group_sizes)
+  ys = _gmm(jax.nn.silu(gate) * up, p["wo"].astype(dt), group_sizes)
+  return ragged_combine(ys[:rows], order, weights)
+
+
 def routed_experts(p, x, weights, experts, cfg: ModelConfig):
   """Dropless expert computation. x [tokens, embed]; weights, experts [tokens, k] -> [tokens, embed]."""
-  if resolve_dispatch(cfg.moe_dispatch) == "blocked":
+  dispatch = dispatch_of(cfg)
+  if dispatch == "blocked":
     return _blocked_experts(p, x, weights, experts, cfg)
+  if dispatch == "gmm":
+    return _gmm_experts(p, x, weights, experts, cfg)
   return _ragged_dot_experts(p, x, weights, experts, cfg)
 
 
@@ -338,15 +401,49 @@ def _routed_grouped(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
           _ungroup_tokens(logits, b, s, groups_b, groups_s).reshape(b * s, -1))
 
 
+def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, groups_s: int, b, s):
+  """`_routed_grouped` for the `gmm` dispatch: the token groups as a `shard_map` over their mesh
+  axes, since XLA does not partition a Pallas kernel (a vmap with spmd_axis_name is not enough).
+  Each device routes its own tokens against the whole router and the experts gathered whole
+  (their `expert_mlp` split stays: the down projection's partial sums are added over it)."""
+  h = flat.shape[-1]
+  mesh = jax.sharding.get_abstract_mesh()
+  rules = sharding.rules_from_config(nn.get_logical_axis_rules())
+  mlp = sharding.logical_to_spec((None, None, "expert_mlp"), rules, mesh, p["wi_gate"].shape)[2]
+  mlp_axes = () if mlp is None else ((mlp,) if isinstance(mlp, str) else tuple(mlp))
+  if set(mlp_axes) & set(axes):
+    raise ValueError(f"moe_dispatch='gmm': the expert_mlp axes {mlp_axes} also split the tokens")
+  xg = _group_tokens(flat.reshape(b, s, h), groups_b, groups_s)
+  wi, wo = PartitionSpec(None, None, mlp), PartitionSpec(None, mlp, None)
+
+  def local(x, router, wi_gate, wi_up, w_out):
+    logits, weights, experts = route(router, x[0], cfg)
+    w = {"wi_gate": wi_gate, "wi_up": wi_up, "wo": w_out}
+    out = _gmm_experts(w, x[0], weights, experts, cfg)
+    if mlp_axes:
+      out = jax.lax.psum(out, mlp_axes)
+    return out[None], logits[None]
+
+  groups = PartitionSpec(axes)
+  out, logits = jax.shard_map(
+      local, mesh=mesh, in_specs=(groups, PartitionSpec(), wi, wi, wo),
+      out_specs=(groups, groups), check_vma=False)(xg, p["router"], p["wi_gate"], p["wi_up"],
+                                                   p["wo"])
+  return (_ungroup_tokens(out, b, s, groups_b, groups_s).reshape(b * s, h),
+          _ungroup_tokens(logits, b, s, groups_b, groups_s).reshape(b * s, -1))
+
+
 def forward(p, x, cfg: ModelConfig):
   """Sparse MoE over x [batch, seq, embed]. Returns (out, router logits [b*s, experts] f32)."""
   b, s, h = x.shape
   dt = cfg.jnp_dtype
   flat = x.reshape(b * s, h).astype(dt)
   axes, groups_b, groups_s = token_groups(x.shape)
-  if axes and resolve_dispatch(cfg.moe_dispatch) == "blocked":
+  dispatch = dispatch_of(cfg)
+  if axes and dispatch in ("blocked", "gmm"):
+    grouped = _routed_sharded if dispatch == "gmm" else _routed_grouped
     with jax.named_scope("routed"):
-      out, logits = _routed_grouped(p, flat, cfg, axes, groups_b, groups_s, b, s)
+      out, logits = grouped(p, flat, cfg, axes, groups_b, groups_s, b, s)
   else:
     with jax.named_scope("route"):
       logits, weights, experts = route(p["router"], flat, cfg)
