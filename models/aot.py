@@ -43,7 +43,6 @@ import re
 import sys
 from typing import Any, Optional
 
-import jax
 from jax._src import xla_bridge  # the registry of topology factories: no public accessor
 from jax.experimental import topologies
 

@@ -49,7 +49,6 @@ the orchestrator (rl/rollout/orchestrator.py), which also returns the stop id it
 """
 import contextlib
 import dataclasses
-import functools
 import threading
 import types
 from typing import Any, Optional, Sequence
