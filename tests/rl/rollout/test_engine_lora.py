@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from configs import tiny_cpu
-from envs.harness.jetstream_client import TokenClient
 from envs.harness.policy import SamplingParams
 from models import lora
 from models import qwen3_5
@@ -16,6 +15,7 @@ from models import sharding
 from rl import train_step
 from rl.rollout import capacity
 from rl.rollout import serve
+from tests.rl.rollout import server_utils
 from rl.rollout.published_weights import WeightPublisher
 from rl.rollout.published_weights import WeightWatcher
 
@@ -50,17 +50,12 @@ def model(config):
 
 @pytest.fixture(scope="module")
 def server(config, model):
-  s = serve.build_server(config, params=model[2], port=0, warmup=False)
-  s.engine.warmup(buckets=(16,))
-  yield s
-  s.stop()
+  yield from server_utils.running_server(config, model[2])
 
 
 @pytest.fixture(scope="module")
 def client(server):
-  c = TokenClient(server.address, timeout_s=120)
-  yield c
-  c.close()
+  yield from server_utils.running_client(server)
 
 
 def _recompute_logprobs(cfg, model_params, seq):

@@ -26,6 +26,7 @@ from models import sharding
 from models.sharding import MeshError
 from rl import train_step
 from rl.rollout import serve
+from tests.rl.rollout import server_utils
 from rl.rollout.engine import QwenEngine
 from rl.rollout.engine import engine_mesh
 
@@ -64,17 +65,12 @@ def model(config):
 
 @pytest.fixture(scope="module")
 def server(config, model):
-  s = serve.build_server(config, params=model[1], port=0, warmup=False)
-  s.engine.warmup(buckets=(16,))
-  yield s
-  s.stop()
+  yield from server_utils.running_server(config, model[1])
 
 
 @pytest.fixture(scope="module")
 def client(server):
-  c = TokenClient(server.address, timeout_s=120)
-  yield c
-  c.close()
+  yield from server_utils.running_client(server)
 
 
 @pytest.fixture(scope="module")
