@@ -225,10 +225,10 @@ def main(argv=None, run_child=None):
   over = model_overrides(size, dtype)
 
   # Model step: forward + backward of the jitted model.
-  cmd = [py, os.path.join(HERE, "model_step.py"), "--no_torch", f"--dtype={dtype}",
-         "--compile_layers=", f"--batch={run['step_batch']}", f"--seq={run['step_seq']}",
-         "--iters=5"] + [f"--{k}={v}" for k, v in size.items()]
-  ms, secs = run_child("model_step", cmd, args.timeout, env, out_dir)
+  step_cmd = [py, os.path.join(HERE, "model_step.py"), "--no_torch", f"--dtype={dtype}",
+              "--compile_layers=", f"--batch={run['step_batch']}", f"--seq={run['step_seq']}"
+              ] + [f"--{k}={v}" for k, v in size.items()]
+  ms, secs = run_child("model_step", step_cmd + ["--iters=5"], args.timeout, env, out_dir)
   result["model_step"] = dict(ms, wall_s=secs)
   if "jax_tokens_per_s" in ms and figures:
     fpt = flops_per_token(cfg, run["step_seq"])
@@ -272,10 +272,7 @@ def main(argv=None, run_child=None):
 
   if args.breakdown:
     # Where the model step's time goes: each component jitted alone (model_step --breakdown).
-    cmd = [py, os.path.join(HERE, "model_step.py"), "--no_torch", f"--dtype={dtype}",
-           "--compile_layers=", f"--batch={run['step_batch']}", f"--seq={run['step_seq']}",
-           "--iters=2", "--rounds=2", "--breakdown", "--breakdown_rounds=3"]
-    cmd += [f"--{k}={v}" for k, v in size.items()]
+    cmd = step_cmd + ["--iters=2", "--rounds=2", "--breakdown", "--breakdown_rounds=3"]
     bd, secs = run_child("breakdown", cmd, args.timeout, env, out_dir)
     result["breakdown"] = dict(bd.get("breakdown", bd), wall_s=secs)
 
