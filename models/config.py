@@ -16,6 +16,12 @@ LINEAR = "linear_attention"
 FULL = "full_attention"
 
 
+# The values of ModelConfig.attention_impl and .moe_dispatch (models/layers/attention.py and
+# models/layers/moe.py say what each does).
+ATTENTION_IMPLS = ("auto", "reference", "xla", "cudnn")
+MOE_DISPATCHES = ("auto", "ragged_dot", "blocked", "gmm")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   vocab_size: int
@@ -70,7 +76,7 @@ class ModelConfig:
       raise ValueError("linear_num_value_heads must be a multiple of linear_num_key_heads")
     if self.use_moe and not 0 < self.num_experts_per_tok <= self.num_experts:
       raise ValueError("num_experts_per_tok must be in [1, num_experts]")
-    if self.moe_dispatch not in ("auto", "ragged_dot", "blocked", "gmm"):
+    if self.moe_dispatch not in MOE_DISPATCHES:
       raise ValueError("moe_dispatch must be 'auto', 'ragged_dot', 'blocked' or 'gmm', got "
                        f"{self.moe_dispatch!r}")
     if self.moe_block_size < 1:
@@ -87,7 +93,7 @@ class ModelConfig:
     if self.attention_causal_block < -1:
       raise ValueError(f"attention_causal_block must be >= -1 (-1 = auto, 0 = one block), got "
                        f"{self.attention_causal_block}")
-    if self.attention_impl not in ("auto", "reference", "xla", "cudnn"):
+    if self.attention_impl not in ATTENTION_IMPLS:
       raise ValueError("attention_impl must be 'auto', 'reference', 'xla' or 'cudnn', got "
                        f"{self.attention_impl!r}")
     for name in ("param_dtype", "dtype"):

@@ -62,7 +62,7 @@ def _project(p, x, positions, cfg: ModelConfig):
   return q, gate, k, v
 
 
-ATTENTION_IMPLS = ("auto", "reference", "xla", "cudnn")
+ATTENTION_IMPLS = config_lib.ATTENTION_IMPLS
 
 
 def resolve_impl(cfg: ModelConfig, backend: str | None = None) -> str:

@@ -105,7 +105,7 @@ def route(router_w, x, cfg: ModelConfig):
   return logits, weights, experts
 
 
-DISPATCHES = ("auto", "ragged_dot", "blocked", "gmm")
+DISPATCHES = config_lib.MOE_DISPATCHES
 
 # What "auto" means on each backend (the platform being traced for). cpu: XLA:CPU has no
 # ragged_dot kernel and computes every row against every expert, so its cost grows with the
