@@ -1,7 +1,7 @@
 """The GRPO run behind `launch.py --mode=rl`: `rl_step` is one step of the algorithm, `run_rl`
 the loop around it.
 
-  run_rl    SFT warm start (or resume) -> held-out eval before RL -> train.steps x rl_step
+  run_rl    SFT warm start (trained unless saved) -> restore or start -> held-out eval before RL -> train.steps x rl_step
             (a held-out eval every loop.eval_every steps, checkpoints every
             checkpoint.save_every) -> held-out eval after RL -> runs/<name>/summary.json.
   rl_step   draw prompts -> roll out G episodes each through the agent pool against the served
@@ -54,6 +54,7 @@ from rl.rollout.draw import draw_rollouts
 from rl.rollout.draw import engine_scalars
 from rl.rollout.draw import served_policy
 from rl.sft import start_params
+from rl.sft import warm_start
 from rl.task_data import TaskStream
 from rl.task_data import select_tasks
 from rl.task_data import train_pool
@@ -70,18 +71,24 @@ class RLRun:
     server: the rollout server(s); `server.update_weights(params, version)` is the weight sync.
     pool: the agent pool that runs episodes against the server.
     stream: the train tasks in draw order; its position is checkpointed.
-    prefetch: draws each step's rollouts, up to loop.max_staleness steps ahead.
     metrics: metrics.jsonl / TensorBoard.
     served_version: the weights version the servers hold.
+    prefetch: draws each step's rollouts (`draw`), up to loop.max_staleness steps ahead; made
+      with the run (it draws nothing before the first `get`), closed by `train`.
   """
   config: Any
   step_fn: TrainStep
   server: Any
   pool: Any
   stream: TaskStream
-  prefetch: Any = None
-  metrics: Any = None
+  metrics: Metrics
   served_version: int = 0
+  prefetch: RolloutPrefetcher = dataclasses.field(init=False)
+
+  def __post_init__(self):
+    self.prefetch = RolloutPrefetcher(lambda s: draw(self, s),
+                                      int(self.config.loop.max_staleness),
+                                      int(self.config.train.steps) - 1)
 
 
 def draw(run: RLRun, step: int) -> tuple[list, dict, int]:
@@ -126,8 +133,6 @@ def train(run: RLRun, state: dict, start_step: int, ckpt: Checkpointer, summary:
   """rl_step from `start_step` to train.steps, with held-out evals every loop.eval_every
   steps (into `summary`) and checkpoints; returns the last state."""
   config, steps = run.config, int(run.config.train.steps)
-  run.prefetch = RolloutPrefetcher(lambda s: draw(run, s), int(config.loop.max_staleness),
-                                   steps - 1)
   try:
     with progress_bar(config, steps, "rl") as bar:
       bar.update(start_step)
@@ -163,23 +168,23 @@ def base_meta(config) -> dict:
   return {"lora_base": base}
 
 
-def place_base(config, step_fn: TrainStep, metrics: Metrics) -> None:
-  """LoRA: the frozen base into the step (`TrainStep.set_base`): the start params (SFT, trained
-  first when missing; train.init_from) or the seeded init."""
-  params = start_params(config, step_fn.base_shardings, metrics)
+def place_base(config, step_fn: TrainStep) -> None:
+  """LoRA: the frozen base into the step (`TrainStep.set_base`): the start params (the SFT
+  result; train.init_from) or the seeded init."""
+  params = start_params(config, step_fn.base_shardings)
   if params is None:
     step_fn.set_base(step_fn.init_base(jax.random.key(config.seed)))
   else:
-    step_fn.set_base(distributed.replicated(params))
+    step_fn.set_base(params)
 
 
-def restore_or_start(config, step_fn: TrainStep, ckpt: Checkpointer, metrics: Metrics
-                     ) -> tuple[int, dict, dict]:
+def restore_or_start(config, step_fn: TrainStep, ckpt: Checkpointer) -> tuple[int, dict, dict]:
   """(first step, train state, checkpoint meta): the newest checkpoint's, or step 0 from the
-  start params (SFT, trained first when missing; train.init_from; the seeded init). With LoRA
-  the state holds adapters (fresh: B = 0, the base's policy) and the base is placed first."""
+  start params (the SFT result, which `warm_start` trained before; train.init_from; the seeded
+  init). With LoRA the state holds adapters (fresh: B = 0, the base's policy) and the base is
+  placed first. Loads only: nothing is trained here."""
   if step_fn.lora is not None:
-    place_base(config, step_fn, metrics)
+    place_base(config, step_fn)
   restored = ckpt.restore_latest(step_fn.abstract_state())
   if restored is not None:
     start_step, state, meta = restored
@@ -191,12 +196,9 @@ def restore_or_start(config, step_fn: TrainStep, ckpt: Checkpointer, metrics: Me
     return start_step, state, meta
   if step_fn.lora is not None:
     return 0, step_fn.init_state(jax.random.key(config.seed)), {}
-  params = start_params(config, step_fn.state_shardings["params"], metrics)
+  params = start_params(config, step_fn.state_shardings["params"])
   state = step_fn.init_state(jax.random.key(config.seed))
-  if params is not None:
-    # Params SFT just trained live on each process's own device (the same values on every
-    # process): replicated over the whole job first.
-    params = distributed.replicated(params)
+  if params is not None:   # read with the state's shardings: global arrays on every process
     state = with_params(step_fn, state, params)
   return 0, state, {}
 
@@ -219,7 +221,9 @@ def run_rl(config, flags=None) -> dict:
     judge_lib.require(train_tasks + eval_tasks, config.envs.judge)
   step_fn = TrainStep(config, sharding.make_mesh(config.mesh))
   ckpt = Checkpointer.from_config(config)
-  start_step, state, meta = restore_or_start(config, step_fn, ckpt, metrics)
+  if step_fn.lora is not None or not ckpt.all_steps():  # a resumed full run needs no start
+    warm_start(config, metrics)                         # SFT, when none is saved yet
+  start_step, state, meta = restore_or_start(config, step_fn, ckpt)
   stream = TaskStream(train_tasks, config.seed, meta.get("data_position", 0))
   summary_path = os.path.join(rdir, "summary.json")
   summary = dict(meta.get("summary") or {})
@@ -241,8 +245,7 @@ def run_rl(config, flags=None) -> dict:
         evaluate_other_styles(pool, cfg, eval_tasks, 0, "before RL", summary, "before_rl")
         write_json(summary_path, finish_summary(summary, config, eval_tasks))
       print(eval_summary.format_summary(before_label(config), summary["before_rl"]), flush=True)
-      run = RLRun(cfg, step_fn, server, pool, stream, metrics=metrics,
-                  served_version=start_step)
+      run = RLRun(cfg, step_fn, server, pool, stream, metrics, served_version=start_step)
       state = train(run, state, start_step, ckpt, summary, eval_tasks)
       ckpt.wait()
       if step_fn.lora is not None and config.lora.export_dir:

@@ -52,6 +52,17 @@ def load_params(directory: str, config, shardings=None):
   return load_params_and_meta(directory, config, shardings)[0]
 
 
+def has_saved_params(directory: str) -> bool:
+  """Whether `directory` holds a save of `save_params` (restorable or not); reads no weights."""
+  if not os.path.isdir(directory):
+    return False
+  ck = Checkpointer(directory, save_every=1, keep=1, async_save=False)
+  try:
+    return bool(ck.all_steps())
+  finally:
+    ck.close()
+
+
 def load_params_and_meta(directory: str, config, shardings=None) -> tuple:
   """(params, meta) saved by `save_params`, or (None, None) when there are none.
 

@@ -28,6 +28,7 @@ from rl.rollout import capacity
 from rl.rollout.draw import run_pool
 from rl.rollout.draw import served_policy
 from rl.sft import start_params
+from rl.sft import warm_start
 from rl.task_data import make_episodes
 from rl.task_data import select_tasks
 
@@ -41,6 +42,7 @@ def measure(config, tasks, samples: int) -> dict:
     judge_lib.require(tasks, config.envs.judge)  # before SFT and rollouts
   if task_file.needs_generated_worlds(tasks):  # tasks from files may bring their own worlds
     worlds.ensure_worlds(config.envs)
+  warm_start(config)  # the SFT the RL run would start from, trained unless saved
   with judge_server.judged(config) as judged_cfg, served_policy(
       judged_cfg, start_params(config)) as (_, cfg, pool):
     eps = make_episodes(tasks, cfg, samples, seed_offset=_SEED_OFFSET)

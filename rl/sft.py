@@ -5,8 +5,8 @@
   plus a language-modelling term and synthetic copy rows -> params saved with orbax under
   runs/<name>/sft (sft.dir), with the fingerprint of the start they were trained from.
 
-`start_params` is what RL starts from: these params (trained first when missing), else
-train.init_from, else the seeded init.
+`warm_start` is the RL job's SFT step (trains unless params are saved); `start_params` is what
+RL starts from: these params, else train.init_from, else the seeded init.
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from rl.metrics import progress_bar
 from rl.metrics import quiet_logs
 from rl.run_files import run_dir
 from rl.run_files import sft_dir
+from rl.params_io import has_saved_params
 from rl.params_io import init_params
 from rl.params_io import load_params_and_meta
 from rl.params_io import save_params
@@ -334,25 +335,37 @@ def hf_export_settings(config) -> dict:
                        "top_k": int(r.top_k)}}
 
 
-def start_params(config, shardings=None, metrics: Optional[Metrics] = None):
-  """The weights RL starts from: the SFT result (trained first when there is none yet and
-  loop.sft_first asks for it), else config.train.init_from, else None (the seeded init)."""
+def warm_start(config, metrics: Optional[Metrics] = None) -> bool:
+  """The RL job's SFT step, run before its restore: trains SFT into sft_dir(config) when
+  loop.sft_first asks for a warm start and nothing is saved there yet (saved params are read by
+  `start_params`, which checks what they were trained from). Returns whether it trained."""
+  if not (config.loop.sft_first and config.sft.steps):
+    return False
+  saved = has_saved_params(sft_dir(config))
+  if not saved:
+    run_sft(config, metrics)
+  return not saved
+
+
+def start_params(config, shardings=None):
+  """The weights RL starts from: the SFT result when loop.sft_first asks for one (`warm_start`
+  trains it first), else config.train.init_from, else None (the seeded init). Loads only."""
   params = None
   if config.loop.sft_first and config.sft.steps:
     params, meta = load_params_and_meta(sft_dir(config), config, shardings)
     if params is None:
-      params = run_sft(config, metrics)
-    else:
-      saved, now = (meta or {}).get("start"), start_fingerprint(config)
-      if saved is not None and saved != now:
-        # Reusing them would report an SFT start that is not this config's (e.g. after the
-        # base checkpoint changed); nothing saved is removed.
-        raise ValueError(
-            f"{sft_dir(config)} holds SFT params trained from another start than "
-            f"train.init_from={config.train.init_from!r} (saved from {saved}, now {now}): "
-            f"move the directory away, or set config.sft.dir, to train anew")
-      note = "" if saved else " (saved without a record of their start)"
-      print(f"SFT params from {sft_dir(config)}{note}", flush=True)
+      raise FileNotFoundError(f"no SFT params in {sft_dir(config)}: the job's SFT step "
+                              f"(rl.sft.warm_start) trains them first")
+    saved, now = (meta or {}).get("start"), start_fingerprint(config)
+    if saved is not None and saved != now:
+      # Reusing them would report an SFT start that is not this config's (e.g. after the
+      # base checkpoint changed); nothing saved is removed.
+      raise ValueError(
+          f"{sft_dir(config)} holds SFT params trained from another start than "
+          f"train.init_from={config.train.init_from!r} (saved from {saved}, now {now}): "
+          f"move the directory away, or set config.sft.dir, to train anew")
+    note = "" if saved else " (saved without a record of their start)"
+    print(f"SFT params from {sft_dir(config)}{note}", flush=True)
   if params is None and config.train.init_from:
     params = init_params(config, shardings)
   return params

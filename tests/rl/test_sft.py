@@ -211,3 +211,25 @@ def test_bfloat16_params_take_two_sft_steps_keeping_every_leafs_dtype():
   moved = [bool((np.asarray(a, np.float32) != np.asarray(b, np.float32)).any())
            for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(params))]
   assert sum(moved) > len(moved) / 2, moved
+
+
+def test_start_params_only_loads_and_warm_start_trains_only_when_nothing_is_saved(
+    tmp_path, monkeypatch):
+  c = tiny_cpu.get_config()
+  with c.unlocked():
+    c.train.init_from = ""
+    c.sft.dir = str(tmp_path / "sft")
+  assert c.loop.sft_first and c.sft.steps
+  with pytest.raises(FileNotFoundError, match="warm_start"):   # no training behind a getter
+    sft.start_params(c)
+  trained = []
+
+  def recording_run_sft(config, metrics=None):
+    trained.append(config.sft.dir)
+    params_io.save_params(config.sft.dir, params_io.init_params(config),
+                          {"steps": 1, "start": params_io.start_fingerprint(config)}, 1)
+
+  monkeypatch.setattr(sft, "run_sft", recording_run_sft)
+  assert sft.warm_start(c) and trained == [c.sft.dir]
+  assert not sft.warm_start(c) and trained == [c.sft.dir]      # saved: read, not retrained
+  assert sft.start_params(c) is not None
