@@ -20,6 +20,9 @@ FULL = "full_attention"
 # models/layers/moe.py say what each does).
 ATTENTION_IMPLS = ("auto", "reference", "xla", "cudnn")
 MOE_DISPATCHES = ("auto", "ragged_dot", "blocked", "gmm")
+# The values of ModelConfig.gdn_precision: the precision of the chunked delta rule's float32
+# matmuls (jax.lax.Precision names; models/layers/gated_deltanet.py).
+GDN_PRECISIONS = ("highest", "high", "default")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +65,7 @@ class ModelConfig:
   attention_impl: str = "auto"
   moe_dispatch: str = "auto"
   moe_block_size: int = 128
+  gdn_precision: str = "highest"
 
   def __post_init__(self):
     if len(self.layer_types) != self.num_hidden_layers:
@@ -85,6 +89,9 @@ class ModelConfig:
       raise ValueError(f"remat must be 'none' or 'full', got {self.remat!r}")
     if self.gdn_backward not in ("custom", "autodiff"):
       raise ValueError(f"gdn_backward must be 'custom' or 'autodiff', got {self.gdn_backward!r}")
+    if self.gdn_precision not in GDN_PRECISIONS:
+      raise ValueError(f"gdn_precision must be one of {GDN_PRECISIONS}, got "
+                       f"{self.gdn_precision!r}")
     if self.scan_unroll < -1:
       raise ValueError(f"scan_unroll must be >= -1 (-1 = auto, 0 = fully unrolled), got "
                        f"{self.scan_unroll}")

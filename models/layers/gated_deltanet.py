@@ -67,19 +67,21 @@ def _l2norm(x, eps=1e-6):
   return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
 
 
-# The state is float32 by contract; on TPU a plain float32 matmul would run one bf16 pass.
+# The state is float32 by contract; on TPU a plain float32 matmul would run one bf16 pass, on
+# a GPU TF32. The chunked delta rule's matmuls take `model.gdn_precision` (default HIGHEST);
+# the recurrent (decode) form always runs HIGHEST.
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def _mm(a, b):
-  return jnp.matmul(a, b, precision=_HIGHEST)
+def _mm(a, b, precision=_HIGHEST):
+  return jnp.matmul(a, b, precision=precision)
 
 
 # Diagonal blocks of at most this size are inverted by the matmul product; larger ones by halves.
 _INVERSE_BASE = 16
 
 
-def _unit_lower_inverse(strict_lower):
+def _unit_lower_inverse(strict_lower, precision=_HIGHEST):
   """(I + L)^-1 for strictly lower-triangular L [..., c, c], by matmuls only.
 
   By halves: [[A, 0], [C, B]]^-1 = [[A^-1, 0], [-B^-1 C A^-1, B^-1]], the two diagonal halves
@@ -95,9 +97,9 @@ def _unit_lower_inverse(strict_lower):
   if c > _INVERSE_BASE and c % 2 == 0:
     h = c // 2
     halves = _unit_lower_inverse(jnp.stack([strict_lower[..., :h, :h],
-                                            strict_lower[..., h:, h:]], axis=-3))
+                                            strict_lower[..., h:, h:]], axis=-3), precision)
     top_inv, bottom_inv = halves[..., 0, :, :], halves[..., 1, :, :]
-    corner = -_mm(bottom_inv, _mm(strict_lower[..., h:, :h], top_inv))
+    corner = -_mm(bottom_inv, _mm(strict_lower[..., h:, :h], top_inv, precision), precision)
     zeros = jnp.zeros_like(top_inv)
     return jnp.concatenate([jnp.concatenate([top_inv, zeros], -1),
                             jnp.concatenate([corner, bottom_inv], -1)], -2)
@@ -105,13 +107,13 @@ def _unit_lower_inverse(strict_lower):
   power = -strict_lower
   inverse = eye + power
   for _ in range(max(int(math.ceil(math.log2(c))) - 1, 0)):
-    power = _mm(power, power)
-    inverse = inverse + _mm(inverse, power)
+    power = _mm(power, power, precision)
+    inverse = inverse + _mm(inverse, power, precision)
   return inverse
 
 
-@jax.custom_vjp
-def _unit_lower_solve(strict_lower, rhs):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _unit_lower_solve(precision, strict_lower, rhs):
   """X = (I + L)^-1 rhs for strictly lower-triangular L [..., c, c] and rhs [..., c, d].
 
   The gradient is written by hand: autodiff through `_unit_lower_inverse` saves every
@@ -119,22 +121,22 @@ def _unit_lower_solve(strict_lower, rhs):
   backwards. From (I + L) X = rhs: rhs_bar = Y^T X_bar and L_bar = -rhs_bar X^T (strictly
   lower part), with Y = (I + L)^-1: two c x c x d matmuls, Y and X the only residuals.
   """
-  return _mm(_unit_lower_inverse(strict_lower), rhs)
+  return _mm(_unit_lower_inverse(strict_lower, precision), rhs, precision)
 
 
-def _unit_lower_solve_fwd(strict_lower, rhs):
-  inverse = _unit_lower_inverse(strict_lower)
-  x = _mm(inverse, rhs)
+def _unit_lower_solve_fwd(precision, strict_lower, rhs):
+  inverse = _unit_lower_inverse(strict_lower, precision)
+  x = _mm(inverse, rhs, precision)
   return x, (inverse, x)
 
 
-def _unit_lower_solve_bwd(residuals, x_bar):
+def _unit_lower_solve_bwd(precision, residuals, x_bar):
   inverse, x = residuals
-  rhs_bar = _mm(jnp.swapaxes(inverse, -1, -2), x_bar)
+  rhs_bar = _mm(jnp.swapaxes(inverse, -1, -2), x_bar, precision)
   c = inverse.shape[-1]
   strictly_lower = jnp.tril(jnp.ones((c, c), dtype=bool), -1)
   l_bar = jnp.where(strictly_lower, -jnp.einsum("...id,...jd->...ij", rhs_bar, x,
-                                                precision=_HIGHEST), 0.0)
+                                                precision=precision), 0.0)
   return l_bar, rhs_bar
 
 
@@ -156,7 +158,8 @@ def chunk_size(cfg: ModelConfig, backend: str | None = None) -> int:
   return cfg.gdn_chunk_size
 
 
-def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int, backward: str = "custom"):
+def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int, backward: str = "custom",
+                       precision: str = "highest"):
   """The gated delta rule over a sequence, chunk by chunk.
 
   Args:
@@ -167,12 +170,16 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int, backward: str =
     backward: how the intra-chunk triangular solve is differentiated: "custom" (its
       hand-written VJP, `_unit_lower_solve`) or "autodiff" (through the matmul loop; the
       reference). The forward values are the same.
+    precision: of the matmuls (`model.gdn_precision`: highest | high | default); the state,
+      decays and sums stay float32 whatever it is.
   Returns:
     (out [batch, seq, heads, d_v], final state).
   """
   b, t, nh, dk = k.shape
   dv = v.shape[-1]
   c = chunk_size
+  prec = jax.lax.Precision(precision)
+  mm = functools.partial(_mm, precision=prec)
   pad = (-t) % c
   if pad:  # zero keys, values, beta and log-decay leave the state untouched
     padder = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
@@ -194,28 +201,28 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int, backward: str =
   to_end = jnp.flip(jnp.cumsum(jnp.flip(g, -1), axis=-1), -1) - g   # sum of g over (i, end]
   k_beta = k * beta[..., None]
   # UT transform: (I + L) u = beta v and (I + L) w = beta k exp(g_cum), L strictly lower.
-  system = jnp.where(strictly_lower, jnp.einsum("...id,...jd->...ij", k_beta, k, precision=_HIGHEST)
+  system = jnp.where(strictly_lower, jnp.einsum("...id,...jd->...ij", k_beta, k, precision=prec)
                      * decay, 0.0)
   if backward == "custom":  # one solve for both right-hand sides
-    uw = _unit_lower_solve(system, jnp.concatenate([v * beta[..., None],
-                                                    k_beta * jnp.exp(g_cum)[..., None]], -1))
+    uw = _unit_lower_solve(prec, system, jnp.concatenate(
+        [v * beta[..., None], k_beta * jnp.exp(g_cum)[..., None]], -1))
     u, w = uw[..., :dv], uw[..., dv:]
   elif backward == "autodiff":
-    inverse = _unit_lower_inverse(system)
-    u = _mm(inverse, v * beta[..., None])
-    w = _mm(inverse, k_beta * jnp.exp(g_cum)[..., None])
+    inverse = _unit_lower_inverse(system, prec)
+    u = mm(inverse, v * beta[..., None])
+    w = mm(inverse, k_beta * jnp.exp(g_cum)[..., None])
   else:
     raise ValueError(f"model.gdn_backward must be one of {GDN_BACKWARDS}, got {backward!r}")
-  intra = jnp.einsum("...id,...jd->...ij", q, k, precision=_HIGHEST) * decay  # causal in chunk
+  intra = jnp.einsum("...id,...jd->...ij", q, k, precision=prec) * decay  # causal in chunk
   q_decayed = q * jnp.exp(g_cum)[..., None]
   k_to_end = k * jnp.exp(to_end)[..., None]
   chunk_decay = jnp.exp(g_cum[..., -1])[..., None, None]
 
   def step(s, xs):
     u_i, w_i, intra_i, q_i, k_i, decay_i = xs
-    v_new = u_i - _mm(w_i, s)
-    out = _mm(q_i, s) + _mm(intra_i, v_new)
-    s = s * decay_i + _mm(jnp.swapaxes(k_i, -1, -2), v_new)
+    v_new = u_i - mm(w_i, s)
+    out = mm(q_i, s) + mm(intra_i, v_new)
+    s = s * decay_i + mm(jnp.swapaxes(k_i, -1, -2), v_new)
     return s, out
 
   state, out = jax.lax.scan(step, state, (u, w, intra, q_decayed, k_to_end, chunk_decay))
@@ -341,7 +348,7 @@ def _mix(p, qkv, z, beta_in, a, state, lengths, cfg: ModelConfig, rule: str):
   z = common.constrain(z, heads + (None,))
   if rule == "chunked":
     out, ssm = chunked_delta_rule(q, k, v, g, beta, state["ssm"], chunk_size(cfg),
-                                  cfg.gdn_backward)
+                                  cfg.gdn_backward, cfg.gdn_precision)
   elif rule == "recurrent":
     out, ssm = recurrent_delta_rule(q, k, v, g, beta, state["ssm"])
   else:

@@ -52,6 +52,28 @@ def test_chunked_decay_gradient_is_float32_accurate():
   assert np.abs(g32 - g64).max() <= 1e-5 * np.abs(g64).max()
 
 
+@pytest.mark.parametrize("precision", ["high", "default"])
+def test_gdn_precision_reaches_every_chunked_matmul_and_the_cpu_result_is_unchanged(precision):
+  """model.gdn_precision is what the chunked rule's dots (forward and backward) ask XLA for;
+  the CPU computes float32 dots whatever they ask, so its values stay those of `highest`."""
+  q, k, v, a, a_log, beta, s0 = _inputs(jnp.float32)
+  g = -jnp.exp(a_log) * jax.nn.softplus(a)
+
+  def value_and_grad(prec):
+    def loss(args):
+      out, state = gated_deltanet.chunked_delta_rule(*args, 32, "custom", prec)
+      return jnp.sum(out * out) + jnp.sum(state)
+    return jax.value_and_grad(loss)
+
+  args = ((q, k, v, g, beta, s0),)
+  hlo = jax.jit(value_and_grad(precision)).lower(*args).as_text()
+  assert "HIGHEST" not in hlo and ("HIGH" in hlo) == (precision == "high")
+  assert "HIGHEST" in jax.jit(value_and_grad("highest")).lower(*args).as_text()
+  got, want = value_and_grad(precision)(*args), value_and_grad("highest")(*args)
+  for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(x, y)
+
+
 def test_custom_and_autodiff_backward_give_the_same_outputs_and_gradients():
   """The hand-written VJP of the intra-chunk solve matches autodiff through the matmul loop:
   outputs, final state and the gradients of every input, the initial state included."""
