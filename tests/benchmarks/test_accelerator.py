@@ -190,3 +190,12 @@ def test_smoke_run_in_bfloat16_writes_every_figure_and_each_childs_peak_memory(t
     r = out["decode"]["roofline"][c]
     assert r["tokens_per_s"] > 0 and 0 < r["of_roofline"] == pytest.approx(
         r["tokens_per_s"] / r["roofline_tokens_per_s"])
+
+
+def test_the_train_step_child_trains_every_weight_so_its_mfu_counts_flops_that_run(tmp_path):
+  """tiny_cpu.py trains the output norm alone; XLA would then drop the frozen weights'
+  gradient matmuls, a third of the FLOPs the MFU counts."""
+  calls = _parent(tmp_path, "--smoke")["calls"]
+  assert calls["train_step"].count("--config.optim.trainable=") == 1
+  assert not any(a.startswith("--config.optim.trainable=") and a != "--config.optim.trainable="
+                 for a in calls["train_step"])
