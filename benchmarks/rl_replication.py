@@ -3,6 +3,7 @@
     python benchmarks/rl_replication.py                               # make run's config
     python benchmarks/rl_replication.py --name=lr01 --config.optim.lr=0.1
     python benchmarks/rl_replication.py --seeds=dev                   # while tuning
+    python benchmarks/rl_replication.py --name=lr01 --config.optim.lr=0.1 --against=default
 
 For each world seed (default: the reporting seeds of configs/seeds.py) runs `launch.py
 --mode=rl --config=configs/tiny_cpu.py` with config.envs.seed set (its own worlds under
@@ -11,6 +12,9 @@ overrides given here, then prints per seed and pooled over the seeds: held-out p
 after RL with 95% bootstrap intervals, and the paired change with its interval. The pooled row
 resamples the tasks of all seeds together (each seed's tasks are distinct), so its interval is
 over tasks, given these runs; "every seed positive" is the check across runs.
+
+`--against=ARM` also sets this arm's pass@1 after RL beside arm ARM's (already run on the same
+seeds), paired per task: at equal rollouts from the same SFT start, which arm RL left better.
 
 Each seed's SFT warm start is trained once and reused by every arm (`--name`) run on that seed
 (runs/replication-s<seed>-sft). A seed whose run directory already holds a summary from the same
@@ -100,6 +104,32 @@ def row(label: str, before: dict, after: dict) -> dict:
           "delta_ci95": paired_bootstrap_delta(before, after, RESAMPLES)}
 
 
+def finished_summary(workdir: str, name: str, seed: int) -> dict:
+  """summary.json of arm `name`'s finished run on `seed`; exits naming the run when missing."""
+  path = os.path.join(workdir, f"replication-{name}-s{seed}", "summary.json")
+  if not os.path.isfile(path):
+    raise SystemExit(f"arm {name!r} has no finished run on seed {seed} ({path}); run it first: "
+                     f"python benchmarks/rl_replication.py --name={name} <its overrides>")
+  with open(path) as f:
+    return json.load(f)
+
+
+def against_rows(name: str, other: str, seeds: tuple, workdir: str) -> list:
+  """Arm `name` against arm `other` at equal rollouts, on the same seeds (the same SFT start):
+  rows whose "before" is `other`'s pass@1 after RL and "after" is `name`'s, so "delta" is the
+  paired change of `name` over `other`, per seed and pooled over the seeds' tasks."""
+  rows, pooled_other, pooled_this = [], {}, {}
+  for seed in seeds:
+    theirs = finished_summary(workdir, other, seed)["after_rl"]["per_task_pass"]
+    ours = finished_summary(workdir, name, seed)["after_rl"]["per_task_pass"]
+    rows.append(row(str(seed), theirs, ours))
+    pooled_other.update({f"{seed}/{k}": v for k, v in theirs.items()})
+    pooled_this.update({f"{seed}/{k}": v for k, v in ours.items()})
+  if len(seeds) > 1:
+    rows.append(row("pooled", pooled_other, pooled_this))
+  return rows
+
+
 def table(rows: list) -> str:
   out = ["| world seed | tasks | pass@1 before (95% CI) | pass@1 after (95% CI) | "
          "paired change (95% CI) |", "|---|---|---|---|---|"]
@@ -116,6 +146,9 @@ def main():
   ap.add_argument("--seeds", default="reporting", help="reporting | dev | 101,102,...")
   ap.add_argument("--name", default="default", help="the arm's name (run directories, table)")
   ap.add_argument("--workdir", default=os.path.join(ROOT, "runs"))
+  ap.add_argument("--against", default="",
+                  help="another arm, already run on the same seeds: also print this arm's "
+                       "pass@1 after RL against that arm's, paired per task")
   args, rest = ap.parse_known_args()
   bad = [a for a in rest if not a.startswith("--config.")]
   if bad:
@@ -140,13 +173,20 @@ def main():
   pooled = rows[-1]
   text += (f"\nevery seed's change positive: {positive}; the pooled paired interval excludes "
            f"zero: {pooled['delta_ci95'][0] > 0 or pooled['delta_ci95'][1] < 0}\n")
+  out = {"overrides": rest, "seeds": list(seeds), "rows": rows}
+  if args.against:
+    vs = against_rows(args.name, args.against, seeds, args.workdir)
+    out["against"] = {"arm": args.against, "rows": vs}
+    text += (f"\nArm {args.name!r} against arm {args.against!r}, pass@1 after RL (the "
+             f"\"before\" column is {args.against!r}'s, the change is {args.name!r} minus "
+             f"{args.against!r}, paired per task):\n\n" + table(vs))
   print("\n" + text, flush=True)
   out_dir = os.path.join(args.workdir, "replication")
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, f"{args.name}.md"), "w") as f:
     f.write(text)
   with open(os.path.join(out_dir, f"{args.name}.json"), "w") as f:
-    json.dump({"overrides": rest, "seeds": list(seeds), "rows": rows}, f, indent=1)
+    json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -60,3 +60,38 @@ def test_dev_and_reporting_seeds_are_disjoint_and_the_default_worlds_are_dev():
   assert 0 in seeds.DEV_SEEDS and len(seeds.REPORTING_SEEDS) >= 3
   assert rl_replication.parse_seeds("reporting") == seeds.REPORTING_SEEDS
   assert np.all(np.array(rl_replication.parse_seeds("5,6")) == [5, 6])
+
+
+def _finished_arm(tmp_path, name, overrides, outcomes):
+  for seed, (before, after) in outcomes.items():
+    cmd = rl_replication.seed_command(seed, name, overrides, str(tmp_path))
+    rdir = tmp_path / f"replication-{name}-s{seed}"
+    rdir.mkdir()
+    (rdir / "command.json").write_text(json.dumps(cmd[1:]))
+    (rdir / "summary.json").write_text(json.dumps(_summary(before, after)))
+
+
+def test_an_arm_against_another_pairs_their_after_rl_outcomes_per_task(tmp_path, monkeypatch):
+  start = {"a": 0.0, "b": 0.0, "c": 1.0}
+  _finished_arm(tmp_path, "base", [], {101: (start, {"a": 1.0, "b": 0.0, "c": 1.0}),
+                                       102: (start, {"a": 0.0, "b": 0.0, "c": 1.0})})
+  _finished_arm(tmp_path, "new", ["--config.optim.lr=0.1"],
+                {101: (start, {"a": 1.0, "b": 1.0, "c": 1.0}),
+                 102: (start, {"a": 0.0, "b": 0.0, "c": 0.0})})
+  monkeypatch.setattr(sys, "argv", ["rl_replication.py", "--seeds=101,102", "--name=new",
+                                    f"--workdir={tmp_path}", "--against=base",
+                                    "--config.optim.lr=0.1"])
+  rl_replication.main()
+  vs = json.loads((tmp_path / "replication" / "new.json").read_text())["against"]
+  assert vs["arm"] == "base" and [r["seed"] for r in vs["rows"]] == ["101", "102", "pooled"]
+  assert vs["rows"][0]["delta"] == pytest.approx(1 / 3)     # task b: 0 -> 1
+  assert vs["rows"][1]["delta"] == pytest.approx(-1 / 3)    # task c: 1 -> 0
+  assert vs["rows"][2]["delta"] == pytest.approx(0.0) and vs["rows"][2]["tasks"] == 6
+
+
+def test_against_an_arm_without_finished_runs_names_the_missing_run(tmp_path, monkeypatch):
+  _finished_arm(tmp_path, "new", [], {101: ({"a": 0.0}, {"a": 1.0})})
+  monkeypatch.setattr(sys, "argv", ["rl_replication.py", "--seeds=101", "--name=new",
+                                    f"--workdir={tmp_path}", "--against=missing"])
+  with pytest.raises(SystemExit, match="arm 'missing' has no finished run on seed 101"):
+    rl_replication.main()
