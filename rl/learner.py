@@ -228,7 +228,7 @@ def run_rl(config, flags=None) -> dict:
   summary_path = os.path.join(rdir, "summary.json")
   summary = dict(meta.get("summary") or {})
   try:
-    # The engine copies the weights device to device (rl/rollout/engine.py, _place).
+    # The engine copies the weights device to device (rl/rollout/engine_weights.py, _place).
     # Graders reach a judge served from envs.judge.checkpoint through judged's config copy.
     # With LoRA an engine in this process starts from the base (then takes adapters); separate
     # servers load the base themselves (--mode=serve --weights) and are published adapters.

@@ -107,8 +107,8 @@ def plan_from_config(config, num_devices: int = 0) -> Plan:
 
 def held_params(config, cfg) -> int:
   """Weights the engine holds: the model's, and with LoRA the base of each adapted weight
-  besides the merged one it serves (rl/rollout/engine.py keeps the base to merge each sync
-  into)."""
+  besides the merged one it serves (rl/rollout/engine_weights.py keeps the base to merge each
+  sync into)."""
   total = qwen3_5.count_params(cfg)["total"]
   spec = lora.from_config(config.lora) if "lora" in config else None
   if spec is None:

@@ -43,11 +43,15 @@ state would have moved on past the turn's end. The kept state is copied out of t
 state before the slot takes a new request (`keep_turn`, drained under the state lock by
 `insert` and `prefill`).
 
+The engine holds its weights (their handle, dtypes, placement, the LoRA merge) in an
+`EngineWeights` (rl/rollout/engine_weights.py) and the caches' bookkeeping in an
+`EngineCaches` (rl/rollout/engine_caches.py), and runs the programs itself; the tokenizer
+JetStream asks it for is rl/rollout/engine_tokenizer.py's.
+
 Results are `SampledTokens`: JetStream's `ResultTokens` (token, valid, length columns)
 extended with the logprob of each token; stop ids and max_tokens are applied per request by
 the orchestrator (rl/rollout/orchestrator.py), which also returns the stop id itself.
 """
-import contextlib
 import dataclasses
 import threading
 import types
@@ -63,15 +67,16 @@ from jetstream.engine import engine_api
 from jetstream.engine import tokenizer_api
 from jetstream.engine import tokenizer_pb2
 
-from envs.chat import tokenizer as chat_tokenizer
 from models import lora
 from models import qwen3_5
 from models import sharding
 from models.layers import gated_deltanet
 from rl.rollout import capacity
-from rl.rollout import prefix_cache as prefix_lib
+from rl.rollout import engine_caches
+from rl.rollout import engine_tokenizer
+from rl.rollout import engine_weights
 from rl.rollout import sampling
-from rl.rollout import turn_cache as turn_lib
+from rl.rollout.engine_weights import ParamsHandle
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,76 +146,9 @@ class SampledTokens(engine_api.ResultTokens):
                          self.length_idx, self.samples_per_slot, np.asarray(self.logprobs))
 
 
-class ParamsHandle:
-  """The engine's parameters behind a lock: the object JetStream's Driver holds as `params`.
-
-  The Driver captures its params once per thread, so new weights cannot be handed to it; it
-  holds this handle instead and every prefill / generate call reads the current tree. A swap
-  takes effect at the next call: a step never mixes two versions.
-  """
-
-  def __init__(self, params, version: int = 0):
-    self._lock = threading.Lock()
-    self._params = params
-    self.version = version
-
-  def get(self):
-    with self._lock:
-      return self._params, self.version
-
-  def swap(self, params, version: Optional[int] = None) -> int:
-    with self._lock:
-      self._params = params
-      self.version = self.version + 1 if version is None else int(version)
-      return self.version
-
-
-def _shares_buffers(a, b) -> bool:
-  """Whether device arrays `a` and `b` share any device buffer."""
-  if not isinstance(a, jax.Array) or not isinstance(b, jax.Array):
-    return False
-  ptrs = {s.data.unsafe_buffer_pointer() for s in a.addressable_shards}
-  return any(s.data.unsafe_buffer_pointer() in ptrs for s in b.addressable_shards)
-
-
 def _split_seed(seed: int) -> tuple[np.uint32, np.uint32]:
   seed = int(seed) & 0xFFFF_FFFF_FFFF_FFFF
   return np.uint32(seed & 0xFFFF_FFFF), np.uint32(seed >> 32)
-
-
-class TokenTokenizer(tokenizer_api.Tokenizer):
-  """JetStream's tokenizer interface over the chat tokenizer (envs/chat).
-
-  Only text requests (JetStream's own client, benchmark_serving) use it; the token path never
-  encodes or decodes.
-  """
-
-  def __init__(self, tok, stop_ids: Sequence[int]):
-    self._tok = tok
-    self._stop = set(int(i) for i in stop_ids)
-
-  def encode(self, s: str, **kwargs):
-    ids = np.asarray(self._tok.encode(s), np.int32)
-    return ids, len(ids)
-
-  def decode(self, token_ids, **kwargs) -> str:
-    return self._tok.decode(list(token_ids))
-
-  @property
-  def pad_id(self) -> int:
-    return 0
-
-  @property
-  def eos_id(self) -> int:
-    return min(self._stop) if self._stop else 0
-
-  @property
-  def bos_id(self) -> int:
-    return -1  # Qwen3.5 has no BOS
-
-  @property
-  def stop_tokens(self) -> set[int]:
-    return set(self._stop)
 
 
 def engine_mesh(config, devices: Optional[Sequence[Any]] = None):
@@ -245,18 +183,6 @@ def engine_mesh(config, devices: Optional[Sequence[Any]] = None):
   return mesh, sharding.without_context_parallel(config.mesh.rules)
 
 
-def serving_shapes(shapes, weights_dtype: Optional[str]):
-  """The engine's param shapes and dtypes: matrices (embeddings, projections, experts: all but
-  a sliver of the bytes) in `weights_dtype`, vectors (norm scales, Gated DeltaNet decay
-  parameters: precision-sensitive, tiny) as given. None / "" = every leaf as given."""
-  if not weights_dtype:
-    return shapes
-  dtype = jnp.dtype(weights_dtype)
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-      x.shape, dtype if x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating) else x.dtype),
-      shapes)
-
-
 class QwenEngine(engine_api.Engine):
   """JetStream engine for the Qwen3.5 model (models/qwen3_5.py).
 
@@ -278,8 +204,9 @@ class QwenEngine(engine_api.Engine):
     initial_version: the version the first params are served as (responses report it).
     turn_cache: finished turns whose slot state is kept for the conversation's next prompt
       (rl/rollout/turn_cache.py); 0 = none.
-    weights_dtype: dtype the engine holds its weight matrices in (`serving_shapes`); params in
-      another float dtype (float32 master weights) are cast on the way in. None = as given.
+    weights_dtype: dtype the engine holds its weight matrices in
+      (engine_weights.serving_shapes); params in another float dtype (float32 master weights)
+      are cast on the way in. None = as given.
     abstract_on: None, or a (compile-only) device: then the engine holds no weights, only their
       shapes and shardings (on its mesh, or on this device without one); it cannot serve, only
       `lower_programs` (the compile mode, rl/compile_job.py).
@@ -313,49 +240,20 @@ class QwenEngine(engine_api.Engine):
     self._rules = rules
     self._seed_lock = threading.Lock()
     self._seed_counter = np.random.default_rng(init_seed).integers(1 << 62)
-    init = lambda key: qwen3_5.init_params(cfg, key)
-    given = jax.eval_shape(init, jax.random.key(0)) if params is None else params
-    self._abstract_params = serving_shapes(
-        jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), given), weights_dtype)
-    self._param_shardings = None
-    if mesh is not None:
-      self._param_shardings = sharding.tree_shardings(qwen3_5.param_axes(cfg),
-                                                      self._abstract_params, mesh, rules)
     self._abstract_on = abstract_on
-    # Placed exactly as `update_params` will place new weights, so a swap never recompiles.
-    if abstract_on is not None:
-      params = self.params_target()
-    elif params is None:
-      # Initialised where it is served, shard by shard: a model that needs the engine's mesh
-      # does not fit one device (a served random init is a placeholder until a weight sync).
-      where = ({} if self._param_shardings is None
-               else {"out_shardings": self._param_shardings})
-      params = jax.jit(lambda key: self._cast(init(key)), **where)(jax.random.key(init_seed))
-    else:
-      params = self._place(self._cast(params))
-    self._init_lora(lora_spec, params)
-    self._handle = ParamsHandle(params, initial_version)
-    self._prefill_jit = jax.jit(self._prefill_impl)
-    self._extend_jit = jax.jit(self._extend_impl)
-    self.prefix_buckets = tuple(sorted({int(b) for b in prefix_buckets if 0 < int(b) < self.max_len}))
-    # Aligned to the Gated DeltaNet chunk, the continuation's chunks are the whole prompt's.
-    self._shared = (prefix_lib.SharedPrefix(gated_deltanet.chunk_size(cfg), prefix_min_len)
-                    if self.prefix_buckets else None)
-    self._too_long = 0   # prompts that extend the shared prefix by more than the largest bucket
-    self._turns = turn_lib.TurnCache(turn_cache) if turn_cache > 0 else None
-    self._turn_too_long = 0   # prompts whose new tokens after a kept turn fit no bucket
-    self._turn_mismatched = 0  # kept states whose token count differed from their tokens'
+    self._weights = engine_weights.EngineWeights(
+        cfg, params, init_seed=init_seed, weights_dtype=weights_dtype, mesh=mesh, rules=rules,
+        abstract_on=abstract_on, lora_spec=lora_spec, initial_version=initial_version)
+    self._caches = engine_caches.EngineCaches(
+        buckets=self.buckets, max_len=self.max_len, prefix_buckets=prefix_buckets,
+        align=gated_deltanet.chunk_size(cfg), prefix_min_len=prefix_min_len,
+        turn_cache=turn_cache)
     self.prompt_tokens = 0     # prompt tokens requests brought
     self.prefilled_tokens = 0  # of them, those prefill computed (not read from a cached state)
-    # The decode state a kept turn is copied from: the last one insert / generate returned,
-    # read and replaced under this lock (the next call donates it).
-    self._state_lock = threading.Lock()
-    self._last_state = None
-    self._pending_turns: list[tuple[int, np.ndarray]] = []
+    self._prefill_jit = jax.jit(self._prefill_impl)
+    self._extend_jit = jax.jit(self._extend_impl)
     # Not donated: the kept KV is cut to key_len, so its buffers could not hold the result.
     self._append_jit = jax.jit(self._append_impl, static_argnames=("key_len",))
-    self._row_jit = jax.jit(lambda state, slot: (qwen3_5.cache_row(state["cache"], slot),
-                                                 state["version"][slot]))
     self._insert_jit = jax.jit(self._insert_impl, donate_argnums=(1,))
     self._generate_jit = jax.jit(self._generate_impl, donate_argnums=(1,))
     self._score_jit = jax.jit(self._score_impl)
@@ -384,30 +282,10 @@ class QwenEngine(engine_api.Engine):
     kw.update(overrides)
     return cls(cfg, **kw)
 
-  def _init_lora(self, spec: Optional[lora.LoraSpec], base) -> None:
-    """With LoRA: keeps `base` (the served params at start: B = 0) and the adapters' shapes and
-    shardings, and jits the merge a sync runs."""
-    self._lora = spec
-    self.last_sync_bytes = 0   # bytes the last weight sync brought (adapters or whole params)
-    if spec is None:
-      return
-    axes = qwen3_5.param_axes(self.cfg)
-    self._base = base
-    self._abstract_adapters = jax.eval_shape(
-        lambda k: lora.init(spec, axes, self._abstract_params, k), jax.random.key(0))
-    self._adapter_shardings = None
-    if self._mesh is not None:
-      self._adapter_shardings = sharding.tree_shardings(
-          lora.axes(spec, axes), self._abstract_adapters, self._mesh, self._rules)
-    where = {} if self._param_shardings is None else {"out_shardings": self._param_shardings}
-    self._merge_jit = jax.jit(lambda b, a: self._cast(lora.merge(b, a, spec.scale)), **where)
-
   # -- the jitted computations --------------------------------------------------------------
 
   def _ctx(self):
-    if self._mesh is None:
-      return contextlib.nullcontext()
-    return sharding.use_mesh(self._mesh, self._rules)
+    return engine_weights.mesh_context(self._mesh, self._rules)
 
   # `request` below: (seed_lo, seed_hi, temperature, top_k, top_p, stop [K], budget, version),
   # the request's own settings, which travel with its prefix into the slot.
@@ -470,7 +348,7 @@ class QwenEngine(engine_api.Engine):
     logits, cache = qwen3_5.decode_step(self.cfg, params, state["cache"], tokens)
     step = state["step"] + 1
     new_state = dict(state, cache=cache, logits=logits, step=step)
-    if self._turns is not None:
+    if self._caches.keeps_turns:
       live = ~state["done"]
       # A live slot served by other weights than its prefix was computed with holds a mixed
       # state, which no next turn may continue from.
@@ -530,7 +408,7 @@ class QwenEngine(engine_api.Engine):
     if self._abstract_on is not None:
       raise RuntimeError("an abstract engine (compile mode) cannot score")
     ids = [int(i) for i in ids]
-    weights, version = self._handle.get()
+    weights, version = self._weights.handle.get()
     with self._ctx():
       lp, top_lp, top_ids = self._score_jit(weights, self.pad_prompt(ids)[None])
     n = len(ids)
@@ -542,85 +420,39 @@ class QwenEngine(engine_api.Engine):
   def load_params(self, *args, **kwargs) -> ParamsHandle:
     """The handle JetStream's Driver holds; `update_params` swaps what it points to."""
     del args, kwargs
-    return self._handle
+    return self._weights.handle
 
   def update_params(self, params, version: Optional[int] = None) -> int:
     """Weight sync: the next prefill / generate step uses `params`. Returns the new version.
 
     The tree must match the engine's (structure, shapes; floats are cast to the engine's
     dtypes) so that nothing recompiles; the arrays are placed on the engine's devices (a
-    reshard when they come from a training mesh). With LoRA, `params` are the adapters
-    (`_merged`).
+    reshard when they come from a training mesh). With LoRA, `params` are the adapters, merged
+    into the kept base (rl/rollout/engine_weights.py).
     """
-    want = self._abstract_params if self._lora is None else self._abstract_adapters
-    if jax.tree.structure(params) != jax.tree.structure(want):
-      raise ValueError("new params have a different tree structure than the engine's"
-                       + (" adapters" if self._lora is not None else ""))
-    bad = sharding.shape_dtype_mismatches(params, want, cast_floats=True)
-    if bad:
-      raise ValueError("new params differ in shape/dtype (this would recompile): " + "; ".join(bad[:5]))
-    self.last_sync_bytes = lora.byte_count(params)
-    if self._lora is None:
-      params = jax.block_until_ready(self._place(self._cast(params)))
-    else:
-      params = self._merged(params)
-    if self._turns is not None:
-      self._turns.clear()   # computed under the old weights: a next turn would not use them
-    return self._handle.swap(params, version)
-
-  def _merged(self, adapters):
-    """The served weights for `adapters`: merged into the kept base (never into the weights
-    served before, so rounding does not accumulate over syncs)."""
-    where = (self._adapter_shardings if self._adapter_shardings is not None
-             else jax.local_devices()[0])
-    adapters = jax.device_put(adapters, where, may_alias=False)
-    with self._ctx():
-      return jax.block_until_ready(self._merge_jit(self._base, adapters))
+    served = self._weights.served(params)
+    self._caches.clear_turns()   # computed under the old weights: a next turn would not use them
+    return self._weights.handle.swap(served, version)
 
   def sync_target(self):
     """What `update_params` takes, as ShapeDtypeStructs with their shardings (a restore target
     for a published version, rl/rollout/published_weights.py): `params_target`, or with LoRA
     the adapters (float32)."""
-    if self._lora is None:
-      return self.params_target()
-    shardings = self._adapter_shardings
-    if shardings is None:
-      one = jax.sharding.SingleDeviceSharding(self._abstract_on or jax.local_devices()[0])
-      shardings = jax.tree.map(lambda _: one, self._abstract_adapters)
-    return sharding.with_shardings(self._abstract_adapters, shardings)
+    return self._weights.sync_target()
 
   def params_target(self):
     """The engine's params as ShapeDtypeStructs with their shardings: a restore target that
     puts each shard of a saved tree straight on the device that serves it."""
-    shardings = self._param_shardings
-    if shardings is None and self._abstract_on is not None:
-      one = jax.sharding.SingleDeviceSharding(self._abstract_on)
-      shardings = jax.tree.map(lambda _: one, self._abstract_params)
-    return sharding.with_shardings(self._abstract_params, shardings)
-
-  def _cast(self, params):
-    """`params` in the engine's dtypes (a no-op for leaves already in them)."""
-    return jax.tree.map(lambda x, t: x if x.dtype == t.dtype else x.astype(t.dtype),
-                        params, self._abstract_params)
-
-  def _place(self, params):
-    """`params` (host or device arrays, any layout) as the engine's own copy on its devices.
-
-    Device arrays go device to device (from a training mesh: the reshard), never through the
-    host. Always a copy: a train step that donates its state (rl/train_step.py) must not be
-    able to free the arrays the engine is serving with.
-    """
-    where = (self._param_shardings if self._param_shardings is not None
-             else jax.local_devices()[0])
-    placed = jax.device_put(params, where, may_alias=False)
-    # A replicated array put on one of its own devices comes back as that device's buffer even
-    # with may_alias=False (JAX 0.10): those leaves are copied on the device.
-    return jax.tree.map(lambda src, out: jnp.copy(out) if _shares_buffers(src, out) else out,
-                        params, placed)
+    return self._weights.params_target()
 
   @property
   def params_version(self) -> int:
-    return self._handle.version
+    return self._weights.version
+
+  @property
+  def last_sync_bytes(self) -> int:
+    """Bytes the last weight sync brought (adapters or whole params)."""
+    return self._weights.last_sync_bytes
 
   def next_seed(self) -> int:
     """A fresh sampler seed for requests that bring none."""
@@ -667,131 +499,71 @@ class QwenEngine(engine_api.Engine):
     prompt = tokens[0, :true_length]
     self.prompt_tokens += int(true_length)
     with self._ctx():
-      if self._turns is not None and version >= 0:
-        out = self._prefill_after_turn(weights, version, prompt, request)
-        if out is not None:
-          return out
-      if self._shared is not None and version >= 0:
-        out = self._prefill_after_shared(weights, version, prompt, request)
-        if out is not None:
-          return out
+      out = self._prefill_from_cache(weights, version, prompt, request) if version >= 0 else None
+      if out is not None:
+        return out
       self.prefilled_tokens += int(true_length)
       return self._prefill_jit(weights, tokens, np.asarray([true_length], np.int32), *request)
 
-  def _prefill_after_shared(self, params, version: int, prompt: np.ndarray, request):
-    """The prompt's prefix from the shared prefix's cache and a prefill of the rest; None when
-    the prompt does not extend the shared prefix or no bucket holds the rest."""
-    n_prefix = self._shared.match(prompt)
-    if not n_prefix:
-      return None
-    rest = len(prompt) - n_prefix
-    fits = [b for b in self.prefix_buckets if b >= rest and n_prefix + b <= self.max_len]
-    if not fits:
-      self._too_long += 1
+  def _prefill_from_cache(self, params, version: int, prompt: np.ndarray, request):
+    """The prompt's prefix from a cached state it extends and a prefill of only the tokens
+    after it: a kept turn's (its slot state, written in place), else the shared prefix's;
+    None when neither serves it (rl/rollout/engine_caches.py says when)."""
+    hit = self._caches.after_turn(prompt, version) if self._caches.keeps_turns else None
+    if hit is not None:
+      self.prefilled_tokens += hit.rest
+      return self._append_jit(params, hit.cache, hit.tokens, hit.length, *request,
+                              key_len=hit.key_len)
+    if not self._caches.shares_prefix:
       return None
     no_request = (np.uint32(0), np.uint32(0), np.float32(1.0), np.int32(0), np.float32(1.0),
                   np.full((MAX_STOP_IDS,), -1, np.int32), np.int32(0), np.int32(version))
     compute = lambda t: self._prefill_jit(params, t[None], np.asarray([len(t)], np.int32),
                                           *no_request)["cache"]
-    prefix_cache = self._shared.cache_for(version, prompt[:n_prefix], compute)
-    tokens = np.zeros((1, fits[0]), np.int32)
-    tokens[0, :rest] = prompt[n_prefix:]
-    self.prefilled_tokens += rest
-    return self._extend_jit(params, prefix_cache, tokens, np.asarray([rest], np.int32), *request)
+    hit = self._caches.after_shared(prompt, version, compute)
+    if hit is None:
+      return None
+    self.prefilled_tokens += hit.rest
+    return self._extend_jit(params, hit.cache, hit.tokens, hit.length, *request)
 
-  # -- kept turns ---------------------------------------------------------------------------
+  # -- kept turns and cache stats (rl/rollout/engine_caches.py) -----------------------------
 
   @property
   def keeps_turns(self) -> bool:
-    return self._turns is not None
+    return self._caches.keeps_turns
 
   def keep_turn(self, slot: int, tokens: Sequence[int]) -> None:
     """Slot `slot`'s request has ended and its state holds `tokens` (prompt and every sampled
     token): keep that state for the conversation's next prompt. Call before the slot is freed;
     the copy is taken before the slot's next insert."""
-    if self._turns is None:
-      return
-    with self._state_lock:
-      self._pending_turns.append((int(slot), np.asarray(tokens, np.int32)))
-
-  def _take_pending_turns(self) -> None:
-    """Copies the slots of requests that ended out of the last decode state (lock held)."""
-    pending, self._pending_turns = self._pending_turns, []
-    if self._last_state is None:
-      return
-    for slot, tokens in pending:
-      cache, version = self._row_jit(self._last_state, np.int32(slot))
-      self._turns.keep(tokens, version, cache)
-
-  def _prefill_after_turn(self, params, version: int, prompt: np.ndarray, request):
-    """The prompt's prefix from a kept turn it extends and a prefill of the new tokens, in
-    place; None when it extends none (or under other weights) or no bucket holds the rest."""
-    with self._state_lock:
-      self._take_pending_turns()
-    hit = self._turns.take(prompt, version)
-    if hit is None:
-      return None
-    n_kept, turn_cache = hit
-    if int(turn_cache["pos"][0]) != n_kept:
-      # The slot moved past (or fell short of) its request's tokens: never serve from it.
-      self._turn_mismatched += 1
-      return None
-    rest = len(prompt) - n_kept
-    fits = [b for b in (self.prefix_buckets or self.buckets)
-            if b >= rest and n_kept + b <= self.max_len]
-    if not fits:
-      self._turn_too_long += 1
-      return None
-    tokens = np.zeros((1, fits[0]), np.int32)
-    tokens[0, :rest] = prompt[n_kept:]
-    self.prefilled_tokens += rest
-    # Keys up to a prefill bucket: one compile per (bucket, key bucket) pair, at first use.
-    key_len = min([b for b in self.buckets if b >= n_kept + fits[0]] + [self.max_len])
-    return self._append_jit(params, turn_cache, tokens, np.asarray([rest], np.int32), *request,
-                            key_len=key_len)
+    self._caches.keep_turn(slot, tokens)
 
   def turn_cache_stats(self) -> dict:
-    """Turns kept, prompts that continued one (hits) or none (misses), that extended one kept
-    under other weights (stale), whose new tokens fit no bucket (too_long), of the hits those
-    whose kept state held another number of tokens than its request (mismatched: 0 unless the
-    hold of finished slots failed; prefilled as without the cache), entries dropped for room
-    (evicted) and held now."""
-    if self._turns is None:
-      return {}
-    return dict(self._turns.stats(), too_long=self._turn_too_long,
-                mismatched=self._turn_mismatched)
+    """The turn cache's counts (`EngineCaches.turn_stats`); {} without one."""
+    return self._caches.turn_stats()
 
   def prefix_cache_stats(self) -> dict:
-    """Prompts that extended the shared prefix (hits; of them, too_long: a rest longer than the
-    largest prefix bucket, prefilled whole) or not (misses), the prefix's recomputes (one per
-    weights version and prefix) and its length."""
-    if self._shared is None:
-      return {}
-    t = self._shared.tokens
-    return dict(hits=self._shared.hits, too_long=self._too_long, misses=self._shared.misses,
-                computes=self._shared.computes, prefix_len=0 if t is None else len(t))
+    """The shared prefix's counts (`EngineCaches.prefix_stats`); {} without one."""
+    return self._caches.prefix_stats()
 
   def insert(self, prefix, decode_state, slot: int):
+    insert = lambda: self._insert_jit(prefix, decode_state, np.int32(slot))
     with self._ctx():
-      if self._turns is None:
-        return self._insert_jit(prefix, decode_state, np.int32(slot))
-      with self._state_lock:
-        self._take_pending_turns()   # a kept turn may be in the slot this insert overwrites
-        self._last_state = self._insert_jit(prefix, decode_state, np.int32(slot))
-        return self._last_state
+      if not self._caches.keeps_turns:
+        return insert()
+      return self._caches.run_insert(insert)
 
   def generate(self, params, decode_state):
     if isinstance(params, ParamsHandle):
       weights, version = params.get()
     else:
       weights, version = params, -1
+    step = lambda: self._generate_jit(weights, decode_state, np.int32(version))
     with self._ctx():
-      if self._turns is None:
-        state, data, logprobs = self._generate_jit(weights, decode_state, np.int32(version))
+      if not self._caches.keeps_turns:
+        state, data, logprobs = step()
       else:
-        with self._state_lock:
-          state, data, logprobs = self._generate_jit(weights, decode_state, np.int32(version))
-          self._last_state = state
+        state, data, logprobs = self._caches.run_generate(step)
     return state, SampledTokens(data=data, tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3),
                                 samples_per_slot=1, logprobs=logprobs)
 
@@ -872,17 +644,17 @@ class QwenEngine(engine_api.Engine):
     """
     buckets = tuple(buckets or self.buckets)
     counts = (self.prompt_tokens, self.prefilled_tokens)
-    prefixes = [self.prefill(params=self._handle, padded_tokens=PrefillInput(
+    prefixes = [self.prefill(params=self._weights.handle, padded_tokens=PrefillInput(
         np.zeros((b,), np.int32), SamplingSettings(seed=0)), true_length=1) for b in buckets]
-    if prefix is not None and self._shared is not None:
+    if prefix is not None and self._caches.shares_prefix:
       prefixes += self._warm_shared_prefix(prefix)
     for p in prefixes:   # into a new decode state
       jax.block_until_ready(self.insert(p, self.init_decode_state(), 0)["step"])
     state = self.insert(prefixes[0], self.init_decode_state(), 0)
-    state, _ = self.generate(self._handle, state)
+    state, _ = self.generate(self._weights.handle, state)
     for p in prefixes:   # into a state that has been through insert and generate
       state = self.insert(p, state, 0)
-    state, result = self.generate(self._handle, state)
+    state, result = self.generate(self._weights.handle, state)
     jax.block_until_ready(result.data)
     if score:
       for b in buckets:
@@ -894,20 +666,9 @@ class QwenEngine(engine_api.Engine):
     """Primes the shared prefix with `prefix` and prefills, through the serving path, one
     prompt extending it per prefix bucket (computing the prefix's cache on the way). Returns
     their prefixes (for the inserts); [] when `prefix` is too short to be cached."""
-    n = self._shared.prime(prefix)
-    if not n:
-      return []
-    hits = self._shared.hits
-    out = []
-    for b in self.prefix_buckets:
-      if n + b > self.buckets[-1]:
-        continue
-      prompt = np.zeros((n + b,), np.int32)
-      prompt[:n] = np.asarray(prefix, np.int32)[:n]
-      out.append(self.prefill(params=self._handle, padded_tokens=PrefillInput(
-          self.pad_prompt(prompt), SamplingSettings(seed=0)), true_length=len(prompt)))
-    self._shared.hits, self._shared.computes = hits, 0
-    return out
+    prefill = lambda prompt: self.prefill(params=self._weights.handle, padded_tokens=PrefillInput(
+        self.pad_prompt(prompt), SamplingSettings(seed=0)), true_length=len(prompt))
+    return self._caches.warm_shared(prefix, prefill)
 
   def get_prefix_destination_sharding(self) -> Any:
     return None  # one engine does both prefill and generate (interleaved mode)
@@ -918,9 +679,7 @@ class QwenEngine(engine_api.Engine):
 
   def build_tokenizer(self, metadata: tokenizer_pb2.TokenizerParameters) -> tokenizer_api.Tokenizer:
     del metadata
-    if self._tokenizer_cfg is None:
-      return _NullTokenizer(self.stop_ids)
-    return TokenTokenizer(chat_tokenizer.from_config(self._tokenizer_cfg), self.stop_ids)
+    return engine_tokenizer.for_engine(self._tokenizer_cfg, self.stop_ids)
 
   @property
   def max_concurrent_decodes(self) -> int:
@@ -944,15 +703,3 @@ class QwenEngine(engine_api.Engine):
   def colocated_cpus(self):
     return None
 
-
-class _NullTokenizer(TokenTokenizer):
-  """For engines built without a tokenizer: token requests only."""
-
-  def __init__(self, stop_ids):
-    super().__init__(None, stop_ids)
-
-  def encode(self, s, **kwargs):
-    raise ValueError("this engine serves token requests only (no tokenizer configured)")
-
-  def decode(self, token_ids, **kwargs) -> str:
-    return ""
