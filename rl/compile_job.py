@@ -120,7 +120,7 @@ def engine_programs(config, devices, buckets) -> tuple[dict, dict]:
   from rl.rollout import engine as engine_lib  # lazy: JetStream, only when the engine compiles
   eng = engine_lib.QwenEngine.from_config(config, devices=devices)
   lowered = eng.lower_programs(buckets or (max(eng.buckets),))
-  mesh = eng.mesh if eng._mesh is not None else None  # pylint: disable=protected-access
+  mesh = eng.programs.mesh
   n_dev = int(mesh.devices.size) if mesh is not None else 1
   # The capacity planner's view of the same engine (rl/rollout/capacity.py): weights and every
   # slot's decode state at max_len, spread over the engine's devices. The compiled generate

@@ -3,7 +3,7 @@
 Both let `prefill` start a prompt from a state computed before and run only the tokens after
 it. `EngineCaches` keeps their bookkeeping: which cached state a prompt continues, which
 bucket its remaining tokens are padded to, the kept turns a request left in its slot, and the
-counts their stats report. The engine runs the programs (its prefill, extend and append).
+counts their stats report. The engine runs the programs (rl/rollout/engine_programs.py).
 
 * The shared prefix (`rollout.prefix_cache`; rl/rollout/prefix_cache.py): the prefix all
   prompts share (the system turn), its state computed once per weights version.

@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 
 from envs.chat import ChatFormat
 from rl.rollout.engine import SamplingSettings
-from rl.rollout.engine import TOP_LOGPROBS
+from rl.rollout.engine_programs import TOP_LOGPROBS
 
 MAX_CHOICES = 128  # n per request
 _SEED_MASK = 0xFFFF_FFFF_FFFF_FFFF

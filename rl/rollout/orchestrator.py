@@ -46,10 +46,10 @@ from jetstream.core.utils import async_multifuture
 from jetstream.engine import engine_api
 
 from envs import jetstream_wire
-from rl.rollout.engine import MAX_STOP_IDS
 from rl.rollout.engine import PrefillInput
 from rl.rollout.engine import QwenEngine
 from rl.rollout.engine import SamplingSettings
+from rl.rollout.engine_programs import MAX_STOP_IDS
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"

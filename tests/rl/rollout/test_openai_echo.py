@@ -27,7 +27,7 @@ from models import qwen3_5
 from rl import params_io
 from rl import train_step
 from rl.rollout import serve
-from rl.rollout.engine import TOP_LOGPROBS
+from rl.rollout.engine_programs import TOP_LOGPROBS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 PROMPT = [301, 45, 77, 512, 19, 260, 88, 140, 9, 731, 33, 402]   # ordinary ids of the tiny vocab

@@ -192,8 +192,9 @@ def test_jetstream_own_client_and_health(server):
 def test_weight_update_takes_effect_without_recompile(client, server, model, full_forward):
   cfg, old = model
   engine = server.engine
-  compiled = (engine._generate_jit._cache_size(), engine._prefill_jit._cache_size(),
-              engine._insert_jit._cache_size())
+  programs = engine.programs
+  compiled = (programs.generate._cache_size(), programs.prefill._cache_size(),
+              programs.insert._cache_size())
   new = qwen3_5.init_params(cfg, jax.random.key(99))
   v0 = engine.params_version
   try:
@@ -203,8 +204,8 @@ def test_weight_update_takes_effect_without_recompile(client, server, model, ful
       assert out.ids == greedy_by_recompute(full_forward, new, prompt, 6)
       assert out.weights_version == v0 + 1
     assert out.ids != greedy_by_recompute(full_forward, old, PROMPTS[1], 6)
-    assert (engine._generate_jit._cache_size(), engine._prefill_jit._cache_size(),
-            engine._insert_jit._cache_size()) == compiled
+    assert (programs.generate._cache_size(), programs.prefill._cache_size(),
+            programs.insert._cache_size()) == compiled
     bad = dict(new, embed=new["embed"][:, :-1])
     with pytest.raises(ValueError, match="recompile"):
       server.update_weights(bad)
@@ -256,8 +257,8 @@ def test_engine_on_a_mesh_from_config_serves_the_models_greedy_tokens(config, mo
   client = TokenClient(s.address, timeout_s=120)
   try:
     assert s.engine.mesh.size == 8
-    assert dict(s.engine._rules)["activation_length"] is None
-    assert "fsdp" in dict(s.engine._rules)["batch"]
+    assert dict(s.engine.programs.rules)["activation_length"] is None
+    assert "fsdp" in dict(s.engine.programs.rules)["batch"]
     assert len(s.engine.load_params().get()[0]["embed"].sharding.device_set) == 8
     for prompt in PROMPTS[:2]:
       want = greedy_by_recompute(full_forward, old, prompt, 6)

@@ -12,7 +12,7 @@ from envs import tasks as tasks_lib
 from rl import params_io
 from rl.rollout import serve
 
-PROGRAMS = ("_prefill_jit", "_extend_jit", "_insert_jit", "_generate_jit", "_score_jit")
+PROGRAMS = ("prefill", "extend", "insert", "generate", "score")   # EnginePrograms' jits
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def _ids(n: int) -> list:
 
 def _compiled(engine) -> dict:
   """Program name -> how many compiled variants jit holds for it."""
-  return {name: getattr(engine, name)._cache_size() for name in PROGRAMS}
+  return {name: getattr(engine.programs, name)._cache_size() for name in PROGRAMS}
 
 
 def test_after_warmup_a_burst_of_every_kind_of_request_compiles_nothing(config):
@@ -48,8 +48,8 @@ def test_after_warmup_a_burst_of_every_kind_of_request_compiles_nothing(config):
     warm = _compiled(engine)
     # Every program was compiled: the extension of the system turn by each prefix bucket, and
     # an insert of each prefill into a new and into a used decode state.
-    assert warm["_extend_jit"] == len(config.rollout.prefix_buckets)
-    assert warm["_score_jit"] == len(engine.buckets)
+    assert warm["extend"] == len(config.rollout.prefix_buckets)
+    assert warm["score"] == len(engine.buckets)
     assert engine.prefix_cache_stats()["prefix_len"] == len(prefix) - len(prefix) % 64 > 0
     api = openai.OpenAI(base_url=front.url, api_key="unused", max_retries=0, timeout=300)
     tools = serve.served_tools(config)[0]
