@@ -58,22 +58,26 @@ GPU_COMPILER_DIR = os.environ.get(
 
 @dataclasses.dataclass(frozen=True)
 class DeviceSpec:
-  """Public figures of one accelerator: HBM, dense bfloat16 peak and HBM bandwidth."""
+  """Public figures of one device (what jax counts as one): HBM, dense bfloat16 peak and HBM
+  bandwidth. `devices_per_chip`: devices a chip of a TPU target's grid shows (2 on TPU7x,
+  whose two TensorCores are a device each; the figures are then a chip's halves)."""
   name: str
   platform: str            # "tpu" | "cuda"
   hbm_bytes: int
   peak_bf16_flops: float   # per second, dense
   hbm_bytes_per_s: float
+  devices_per_chip: int = 1
 
 
-# Spec sheets (per chip / GPU). TPU: Cloud TPU system architecture pages; GPU: NVIDIA's data
-# sheets (H100 SXM 80 GB, H200 SXM 141 GB; dense, no sparsity).
+# Spec sheets (per device). TPU: Cloud TPU system architecture pages (a TPU7x chip: 192 GiB,
+# 2307 TFLOP/s, 7.37 TB/s over its two TensorCores); GPU: NVIDIA's data sheets (H100 SXM 80 GB,
+# H200 SXM 141 GB; dense, no sparsity).
 DEVICES = {
     "v4": DeviceSpec("TPU v4", "tpu", 32 * GiB, 275e12, 1.2e12),
     "v5e": DeviceSpec("TPU v5e", "tpu", 16 * GiB, 197e12, 819e9),
     "v5p": DeviceSpec("TPU v5p", "tpu", 95 * GiB, 459e12, 2.765e12),
     "v6e": DeviceSpec("TPU v6e", "tpu", 32 * GiB, 918e12, 1.64e12),
-    "tpu7x": DeviceSpec("TPU7x", "tpu", 192 * GiB, 2307e12, 7.37e12),
+    "tpu7x": DeviceSpec("TPU7x TensorCore", "tpu", 96 * GiB, 1153.5e12, 3.685e12, 2),
     "h100": DeviceSpec("NVIDIA H100 SXM", "cuda", 80 * GiB, 989e12, 3.35e12),
     "h200": DeviceSpec("NVIDIA H200 SXM", "cuda", 141 * GiB, 989e12, 4.8e12),
 }
@@ -88,7 +92,8 @@ class Target:
 
   @property
   def num_devices(self) -> int:
-    return math.prod(self.shape)
+    """Devices of the target: GPUs (hosts x GPUs a host), or a TPU grid's chips x devices a chip."""
+    return math.prod(self.shape) * self.spec.devices_per_chip
 
   def __str__(self) -> str:
     return f"{self.kind}:{'x'.join(map(str, self.shape))}"

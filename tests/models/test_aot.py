@@ -13,6 +13,8 @@ def test_targets_parse_and_bad_ones_say_what_is_expected():
   assert (t.kind, t.shape, t.num_devices, t.spec.platform) == ("v5p", (2, 2, 4), 16, "tpu")
   g = aot.parse_target("H200:2x8")
   assert (g.kind, g.num_devices, g.spec.hbm_bytes) == ("h200", 16, 141 * aot.GiB)
+  x = aot.parse_target("tpu7x:2x2x1")     # 4 chips, each two TensorCores: 8 devices
+  assert (x.num_devices, x.spec.hbm_bytes) == (8, 96 * aot.GiB)
   for bad, words in (("v9:2x2", "KIND one of"), ("h200:16", "HOSTSxGPUS"), ("v5p", "KIND:SHAPE"),
                      ("v5p:2xa", "chip grid")):
     with pytest.raises(ValueError, match=words):
@@ -82,6 +84,10 @@ def test_an_out_of_memory_compile_error_becomes_needed_and_available_bytes():
       "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
       "temporaries (114.15G) exceeds available HBM (95.74G)."))
   assert oom["needed"] == int(114.15 * aot.GiB) and oom["available"] == int(95.74 * aot.GiB)
+
+
+def test_a_tpu7x_chip_is_two_devices_as_libtpu_describes_it():
+  assert len(aot.target_devices("tpu7x:2x2x1")) == aot.parse_target("tpu7x:2x2x1").num_devices
 
 
 def test_gpu_targets_are_hosts_of_gpus():
