@@ -130,8 +130,35 @@ def against_rows(name: str, other: str, seeds: tuple, workdir: str) -> list:
   return rows
 
 
-def table(rows: list) -> str:
-  out = ["| world seed | tasks | pass@1 before (95% CI) | pass@1 after (95% CI) | "
+def by_family(names: tuple, seeds: tuple, workdir: str) -> dict:
+  """family -> {"tasks", "start", <arm>: pass@1 after RL} pooled over the seeds' eval tasks
+  ("start": before RL, the SFT start every arm shares; the first arm's run gives it)."""
+  out = {}
+  for i, name in enumerate(names):
+    for seed in seeds:
+      s = finished_summary(workdir, name, seed)
+      evals = (("start", s["before_rl"]),) if i == 0 else ()
+      for col, ev in evals + ((name, s["after_rl"]),):
+        for fam, f in ev["by_family"].items():
+          cell = out.setdefault(fam, {}).setdefault(col, [0, 0.0])
+          cell[0] += f["n_tasks"]
+          cell[1] += f["pass_at_1"] * f["n_tasks"]
+  return {fam: {"tasks": cols["start"][0],
+                **{c: passed / max(n, 1) for c, (n, passed) in cols.items()}}
+          for fam, cols in sorted(out.items())}
+
+
+def family_table(fams: dict, names: tuple) -> str:
+  out = ["| family | tasks | start | " + " | ".join(f"after RL, {n}" for n in names) + " |",
+         "|---|---|---|" + "---|" * len(names)]
+  for fam, r in fams.items():
+    out.append(f"| {fam} | {r['tasks']} | {r['start']:.3f} | "
+               + " | ".join(f"{r[n]:.3f}" for n in names) + " |")
+  return "\n".join(out) + "\n"
+
+
+def table(rows: list, columns=("pass@1 before", "pass@1 after")) -> str:
+  out = [f"| world seed | tasks | {columns[0]} (95% CI) | {columns[1]} (95% CI) | "
          "paired change (95% CI) |", "|---|---|---|---|---|"]
   for r in rows:
     out.append(f"| {r['seed']} | {r['tasks']} | {r['before']:.3f} [{r['before_ci95'][0]:.3f}, "
@@ -176,10 +203,12 @@ def main():
   out = {"overrides": rest, "seeds": list(seeds), "rows": rows}
   if args.against:
     vs = against_rows(args.name, args.against, seeds, args.workdir)
-    out["against"] = {"arm": args.against, "rows": vs}
-    text += (f"\nArm {args.name!r} against arm {args.against!r}, pass@1 after RL (the "
-             f"\"before\" column is {args.against!r}'s, the change is {args.name!r} minus "
-             f"{args.against!r}, paired per task):\n\n" + table(vs))
+    arms = (args.against, args.name)
+    fams = by_family(arms, seeds, args.workdir)
+    out["against"] = {"arm": args.against, "rows": vs, "by_family": fams}
+    text += (f"\nArm {args.name!r} against arm {args.against!r}, pass@1 after RL, paired per "
+             f"task:\n\n" + table(vs, (f"{args.against}", f"{args.name}"))
+             + "\nBy task family, pooled over the seeds:\n\n" + family_table(fams, arms))
   print("\n" + text, flush=True)
   out_dir = os.path.join(args.workdir, "replication")
   os.makedirs(out_dir, exist_ok=True)

@@ -15,7 +15,10 @@ from configs import seeds  # noqa: E402
 
 
 def _summary(before, after):
-  return {"before_rl": {"per_task_pass": before}, "after_rl": {"per_task_pass": after}}
+  def ev(rates):   # every task in one family, "f"
+    return {"per_task_pass": rates,
+            "by_family": {"f": {"n_tasks": len(rates), "pass_at_1": sum(rates.values()) / len(rates)}}}
+  return {"before_rl": ev(before), "after_rl": ev(after)}
 
 
 def test_a_row_holds_the_means_and_the_paired_change_of_the_tasks_both_evals_saw():
@@ -87,6 +90,9 @@ def test_an_arm_against_another_pairs_their_after_rl_outcomes_per_task(tmp_path,
   assert vs["rows"][0]["delta"] == pytest.approx(1 / 3)     # task b: 0 -> 1
   assert vs["rows"][1]["delta"] == pytest.approx(-1 / 3)    # task c: 1 -> 0
   assert vs["rows"][2]["delta"] == pytest.approx(0.0) and vs["rows"][2]["tasks"] == 6
+  fam = vs["by_family"]["f"]       # pooled over both seeds' 3 tasks each
+  assert fam["tasks"] == 6 and fam["start"] == pytest.approx(2 / 6)
+  assert fam["base"] == pytest.approx(3 / 6) and fam["new"] == pytest.approx(3 / 6)
 
 
 def test_against_an_arm_without_finished_runs_names_the_missing_run(tmp_path, monkeypatch):
