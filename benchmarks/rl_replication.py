@@ -114,29 +114,34 @@ def finished_summary(workdir: str, name: str, seed: int) -> dict:
     return json.load(f)
 
 
-def against_rows(name: str, other: str, seeds: tuple, workdir: str) -> list:
-  """Arm `name` against arm `other` at equal rollouts, on the same seeds (the same SFT start):
-  rows whose "before" is `other`'s pass@1 after RL and "after" is `name`'s, so "delta" is the
-  paired change of `name` over `other`, per seed and pooled over the seeds' tasks."""
-  rows, pooled_other, pooled_this = [], {}, {}
-  for seed in seeds:
-    theirs = finished_summary(workdir, other, seed)["after_rl"]["per_task_pass"]
-    ours = finished_summary(workdir, name, seed)["after_rl"]["per_task_pass"]
-    rows.append(row(str(seed), theirs, ours))
-    pooled_other.update({f"{seed}/{k}": v for k, v in theirs.items()})
-    pooled_this.update({f"{seed}/{k}": v for k, v in ours.items()})
-  if len(seeds) > 1:
-    rows.append(row("pooled", pooled_other, pooled_this))
+def seed_rows(pairs: list) -> list:
+  """Rows of (seed, before, after) per-task pass rates, one per seed, and with several seeds a
+  pooled row over all their tasks (each seed's tasks are distinct: ids prefixed by the seed)."""
+  rows, pooled_before, pooled_after = [], {}, {}
+  for seed, before, after in pairs:
+    rows.append(row(str(seed), before, after))
+    pooled_before.update({f"{seed}/{k}": v for k, v in before.items()})
+    pooled_after.update({f"{seed}/{k}": v for k, v in after.items()})
+  if len(pairs) > 1:
+    rows.append(row("pooled", pooled_before, pooled_after))
   return rows
 
 
-def by_family(names: tuple, seeds: tuple, workdir: str) -> dict:
-  """family -> {"tasks", "start", <arm>: pass@1 after RL} pooled over the seeds' eval tasks
-  ("start": before RL, the SFT start every arm shares; the first arm's run gives it)."""
+def against_rows(ours: dict, theirs: dict) -> list:
+  """This arm against another at equal rollouts, from their summaries per seed (the same SFT
+  start): rows whose "before" is the other arm's pass@1 after RL and "after" is this arm's, so
+  "delta" is the paired change of this arm over the other, per seed and pooled."""
+  return seed_rows([(seed, theirs[seed]["after_rl"]["per_task_pass"],
+                     ours[seed]["after_rl"]["per_task_pass"]) for seed in ours])
+
+
+def by_family(arms: dict) -> dict:
+  """family -> {"tasks", "start", <arm>: pass@1 after RL} pooled over the seeds' eval tasks,
+  from `arms` (name -> {seed: summary}; "start": before RL, the SFT start every arm shares,
+  read from the first arm's runs)."""
   out = {}
-  for i, name in enumerate(names):
-    for seed in seeds:
-      s = finished_summary(workdir, name, seed)
+  for i, (name, summaries) in enumerate(arms.items()):
+    for s in summaries.values():
       evals = (("start", s["before_rl"]),) if i == 0 else ()
       for col, ev in evals + ((name, s["after_rl"]),):
         for fam, f in ev["by_family"].items():
@@ -185,15 +190,9 @@ def main():
                      "--config.workdir=")):
       raise SystemExit(f"{a.split('=')[0]} is set per seed by this script; use --seeds/--name")
   seeds = parse_seeds(args.seeds)
-  rows, pooled_before, pooled_after = [], {}, {}
-  for seed in seeds:
-    s = run_seed(seed, args.name, rest, args.workdir)
-    before, after = s["before_rl"]["per_task_pass"], s["after_rl"]["per_task_pass"]
-    rows.append(row(str(seed), before, after))
-    pooled_before.update({f"{seed}/{k}": v for k, v in before.items()})
-    pooled_after.update({f"{seed}/{k}": v for k, v in after.items()})
-  if len(seeds) > 1:
-    rows.append(row("pooled", pooled_before, pooled_after))
+  summaries = {seed: run_seed(seed, args.name, rest, args.workdir) for seed in seeds}
+  rows = seed_rows([(seed, s["before_rl"]["per_task_pass"], s["after_rl"]["per_task_pass"])
+                    for seed, s in summaries.items()])
   text = (f"RL replication, arm {args.name!r} (overrides: {' '.join(rest) or 'none'}), "
           f"world seeds {', '.join(map(str, seeds))}:\n\n" + table(rows))
   positive = all(r["delta"] > 0 for r in rows if r["seed"] != "pooled")
@@ -202,9 +201,10 @@ def main():
            f"zero: {pooled['delta_ci95'][0] > 0 or pooled['delta_ci95'][1] < 0}\n")
   out = {"overrides": rest, "seeds": list(seeds), "rows": rows}
   if args.against:
-    vs = against_rows(args.name, args.against, seeds, args.workdir)
+    theirs = {seed: finished_summary(args.workdir, args.against, seed) for seed in seeds}
+    vs = against_rows(summaries, theirs)
     arms = (args.against, args.name)
-    fams = by_family(arms, seeds, args.workdir)
+    fams = by_family({args.against: theirs, args.name: summaries})
     out["against"] = {"arm": args.against, "rows": vs, "by_family": fams}
     text += (f"\nArm {args.name!r} against arm {args.against!r}, pass@1 after RL, paired per "
              f"task:\n\n" + table(vs, (f"{args.against}", f"{args.name}"))
