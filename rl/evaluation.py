@@ -15,6 +15,7 @@ from envs import scripted_eval
 from rl import distributed
 from rl import judge_server
 from rl import run_record
+from rl.run_files import starts_from_sft
 from rl.rollout.draw import run_pool
 from rl.task_data import make_episodes
 
@@ -62,7 +63,7 @@ def _change(b: dict, a: dict, config) -> dict:
 
 
 def before_label(config) -> str:
-  return "before RL (after SFT)" if config.loop.sft_first and config.sft.steps else "before RL"
+  return "before RL (after SFT)" if starts_from_sft(config) else "before RL"
 
 
 def finish_summary(summary: dict, config, eval_tasks) -> dict:

@@ -1,9 +1,10 @@
 """The GRPO run behind `launch.py --mode=rl`: `rl_step` is one step of the algorithm, `run_rl`
 the loop around it.
 
-  run_rl    SFT warm start (trained unless saved) -> restore or start -> held-out eval before RL -> train.steps x rl_step
-            (a held-out eval every loop.eval_every steps, checkpoints every
-            checkpoint.save_every) -> held-out eval after RL -> runs/<name>/summary.json.
+  run_rl    SFT warm start (trained unless saved) -> restore or start -> held-out eval before
+            RL -> train.steps x rl_step (a held-out eval every loop.eval_every steps,
+            checkpoints every checkpoint.save_every) -> held-out eval after RL ->
+            runs/<name>/summary.json.
   rl_step   draw prompts -> roll out G episodes each through the agent pool against the served
             policy -> filter groups (masking, zero variance, dynamic sampling) -> batch
             (TrainExample) -> train step (advantages, policy loss, loss reduction, optimizer)
@@ -46,6 +47,7 @@ from rl.metrics import progress_bar
 from rl.metrics import quiet_logs
 from rl.params_io import start_fingerprint
 from rl.run_files import sft_dir
+from rl.run_files import starts_from_sft
 from rl.run_files import run_dir
 from rl.run_files import write_json
 from rl.rollout import capacity
@@ -163,7 +165,7 @@ def base_meta(config) -> dict:
   if not config.lora.rank:
     return {}
   base = start_fingerprint(config)
-  if config.loop.sft_first and config.sft.steps:
+  if starts_from_sft(config):
     base = f"SFT params in {sft_dir(config)}, trained from {base}"
   return {"lora_base": base}
 

@@ -20,12 +20,13 @@ from envs.chat import hf_export
 from models import hf_lora
 from models import lora
 from rl import distributed
+from rl.run_files import starts_from_sft
 from rl.sft import hf_export_settings
 
 
 def base_directory(config) -> str:
   """The Hugging Face directory of the run's base, or "" when it has none."""
-  if config.loop.sft_first and config.sft.steps:
+  if starts_from_sft(config):
     return config.sft.export_hf
   return config.train.init_from
 

@@ -11,6 +11,12 @@ def run_dir(config) -> str:
   return os.path.join(config.workdir, config.name)
 
 
+def starts_from_sft(config) -> bool:
+  """Whether the RL job starts from SFT params (loop.sft_first, with sft.steps > 0), which live
+  in `sft_dir`."""
+  return bool(config.loop.sft_first and config.sft.steps)
+
+
 def sft_dir(config) -> str:
   """Where SFT params are saved: sft.dir, default runs/<name>/sft."""
   return config.sft.dir or os.path.join(run_dir(config), "sft")

@@ -56,6 +56,7 @@ from configs.validate import ConfigError
 from rl import distributed
 from rl.run_files import run_dir
 from rl.run_files import sft_dir
+from rl.run_files import starts_from_sft
 
 # The modes that write into a run or SFT directory (`directories`).
 WRITERS = ("rl", "sft", "pass_rates")
@@ -249,8 +250,7 @@ def directories(config, mode: str) -> list[tuple[str, str]]:
     if os.path.commonpath([rdir, sdir]) == rdir:
       return out
   trains_sft = mode == "sft" or (
-      mode in ("rl", "pass_rates") and config.loop.sft_first and config.sft.steps
-      and not holds_saves(sdir))
+      mode in ("rl", "pass_rates") and starts_from_sft(config) and not holds_saves(sdir))
   if trains_sft:
     out.append((sft_dir(config), "sft"))
   return out

@@ -36,6 +36,7 @@ from rl.metrics import progress_bar
 from rl.metrics import quiet_logs
 from rl.run_files import run_dir
 from rl.run_files import sft_dir
+from rl.run_files import starts_from_sft
 from rl.params_io import has_saved_params
 from rl.params_io import init_params
 from rl.params_io import load_params_and_meta
@@ -339,7 +340,7 @@ def warm_start(config, metrics: Optional[Metrics] = None) -> bool:
   """The RL job's SFT step, run before its restore: trains SFT into sft_dir(config) when
   loop.sft_first asks for a warm start and nothing is saved there yet (saved params are read by
   `start_params`, which checks what they were trained from). Returns whether it trained."""
-  if not (config.loop.sft_first and config.sft.steps):
+  if not starts_from_sft(config):
     return False
   saved = has_saved_params(sft_dir(config))
   if not saved:
@@ -351,7 +352,7 @@ def start_params(config, shardings=None):
   """The weights RL starts from: the SFT result when loop.sft_first asks for one (`warm_start`
   trains it first), else config.train.init_from, else None (the seeded init). Loads only."""
   params = None
-  if config.loop.sft_first and config.sft.steps:
+  if starts_from_sft(config):
     params, meta = load_params_and_meta(sft_dir(config), config, shardings)
     if params is None:
       raise FileNotFoundError(f"no SFT params in {sft_dir(config)}: the job's SFT step "
