@@ -15,10 +15,9 @@ in every decode step (merging each layer, or x @ A @ B beside each projection) w
 each step, memory-bound at decode batch sizes, work a sync pays once (docs/lora.md). The cost
 is the memory of the adapted weights twice (base and served).
 
-The programs it runs (prefill, insert, generate, score, and the decode state of one row per
-slot they run on) are an `EnginePrograms` (rl/rollout/engine_programs.py). JetStream 0.2.2's
-prefill returns only the prefix (no first token), so the prefix carries the last prompt
-position's logits and `generate` samples first: every step emits exactly one token per slot.
+JetStream 0.2.2's prefill returns only the prefix (no first token), so the prefix carries the
+last prompt position's logits and `generate` samples first: every step emits exactly one token
+per slot.
 
 With prefix buckets (`rollout.prefix_cache`), a prompt that extends the prefix all prompts share
 (the system turn; learned by rl/rollout/prefix_cache.py) is prefilled from that prefix's cached
@@ -35,8 +34,9 @@ state before the slot takes a new request (`keep_turn`, drained under the state 
 
 The engine holds its weights (their handle, dtypes, placement, the LoRA merge) in an
 `EngineWeights` (rl/rollout/engine_weights.py), the caches' bookkeeping in an `EngineCaches`
-(rl/rollout/engine_caches.py) and its programs in an `EnginePrograms`
-(rl/rollout/engine_programs.py); the tokenizer JetStream asks it for is
+(rl/rollout/engine_caches.py) and its programs (prefill, insert, generate, score, and the decode
+state of one row per slot they run on) in an `EnginePrograms` (rl/rollout/engine_programs.py);
+the tokenizer JetStream asks it for is
 rl/rollout/engine_tokenizer.py's.
 
 Results are `SampledTokens`: JetStream's `ResultTokens` (token, valid, length columns)
