@@ -71,7 +71,8 @@ class DeviceSpec:
 
 # Spec sheets (per device). TPU: Cloud TPU system architecture pages (a TPU7x chip: 192 GiB,
 # 2307 TFLOP/s, 7.37 TB/s over its two TensorCores); GPU: NVIDIA's data sheets (H100 SXM 80 GB,
-# H200 SXM 141 GB; dense, no sparsity).
+# H200 SXM 141 GB, A100 SXM4 80 GB, HGX B200; dense, no sparsity; a GPU's memory is what its
+# driver reports, as models/gpu_targets/<kind>.txtpb has it).
 DEVICES = {
     "v4": DeviceSpec("TPU v4", "tpu", 32 * GiB, 275e12, 1.2e12),
     "v5e": DeviceSpec("TPU v5e", "tpu", 16 * GiB, 197e12, 819e9),
@@ -80,6 +81,8 @@ DEVICES = {
     "tpu7x": DeviceSpec("TPU7x TensorCore", "tpu", 96 * GiB, 1153.5e12, 3.685e12, 2),
     "h100": DeviceSpec("NVIDIA H100 SXM", "cuda", 80 * GiB, 989e12, 3.35e12),
     "h200": DeviceSpec("NVIDIA H200 SXM", "cuda", 141 * GiB, 989e12, 4.8e12),
+    "a100": DeviceSpec("NVIDIA A100 SXM4 80GB", "cuda", 85_100_068_864, 312e12, 2.039e12),
+    "b200": DeviceSpec("NVIDIA B200", "cuda", 191_514_411_008, 2250e12, 8.0e12),
 }
 
 

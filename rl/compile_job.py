@@ -27,6 +27,7 @@ run's shardings. TPU needs `libtpu`, GPU the CUDA plugin: `make setup-compile`.
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any, Optional
 
@@ -202,21 +203,60 @@ def _host_devices(devices: list) -> list:
   return first or devices[:1]
 
 
+def mesh_for_target(axes, shape, num_devices: int) -> tuple[tuple, str]:
+  """(mesh shape, note) of the config's mesh on a target of `num_devices` devices.
+
+  The configured shape when it fits. Otherwise `fsdp` takes the difference: the model-parallel
+  axes (`expert`, `tensor`), which the layers' shapes constrain, keep their sizes, then `data`
+  folds into `fsdp`, then `expert` and `tensor` shrink to what divides the devices. A user
+  compiling a config for a larger or smaller slice than it names gets that slice's mesh and a
+  note saying so; a shape that fits no way is a MeshError naming the sizes."""
+  axes, shape = tuple(axes), tuple(int(s) for s in shape)
+  try:
+    return sharding.resolve_mesh_shape(axes, shape, num_devices), ""
+  except sharding.MeshError as first:
+    if "fsdp" not in axes or len(axes) != len(shape) or any(s == 0 or s < -1 for s in shape):
+      raise
+    error = first
+  size = dict(zip(axes, (max(s, 1) for s in shape)))
+  expert, tensor = size.get("expert", 1), size.get("tensor", 1)
+  shrunk_tensor = math.gcd(tensor, num_devices)
+  shrunk_expert = math.gcd(expert, num_devices // shrunk_tensor)
+  for sizes in ({**size, "fsdp": -1}, {**size, "data": 1, "fsdp": -1},
+                {**size, "data": 1, "fsdp": -1, "expert": shrunk_expert, "tensor": shrunk_tensor}):
+    candidate = tuple(sizes[a] if a in sizes else 1 for a in axes)
+    try:
+      fitted = sharding.resolve_mesh_shape(axes, candidate, num_devices)
+    except sharding.MeshError:
+      continue
+    return fitted, (f"mesh.shape {shape} does not fit the target's {num_devices} devices "
+                    f"({error}); compiling with mesh.shape {fitted} (fsdp takes the difference; "
+                    f"--config.mesh.shape chooses another)")
+  raise error
+
+
 def run(config, target: str, programs=None) -> list[dict]:
   """Compiles `programs` (default compile.programs) of `config` for `target`; returns rows.
 
   The model is traced as for the target's platform (models/config.compiling_for): its
   per-backend "auto" choices (attention implementation and causal blocks, the Gated DeltaNet
-  chunk, the MoE dispatch) are those of a run on those devices, not of this CPU."""
+  chunk, the MoE dispatch) are those of a run on those devices, not of this CPU. The config's
+  mesh is fitted to the target's device count (mesh_for_target)."""
   t = aot.parse_target(target)
   devices = aot.target_devices(str(t))
+  config = config.copy_and_resolve_references()   # the caller's config stays as given
+  shape, note = mesh_for_target(config.mesh.axes, config.mesh.shape, len(devices))
+  if note:
+    print(f"note: {note}", flush=True)
+  with config.unlocked():
+    config.mesh.shape = shape
+    config.plan.num_devices = len(devices)
   if t.spec.platform == "cuda" and config.model.attention_impl == "auto":
     # cuDNN's flash attention, the GPU default for 16-bit activations, needs the cuDNN library
     # at compile time, which compiling from a CPU machine does not install (~1 GB); XLA's own
     # attention compiles in its place, with the same query chunks.
     print("note: attention compiled as XLA's (model.attention_impl=xla): cuDNN flash attention "
           "needs the cuDNN library to compile", flush=True)
-    config = config.copy_and_resolve_references()   # the caller's config stays as given
     with config.unlocked():
       config.model.attention_impl = "xla"
   with config_lib.compiling_for(devices[0].platform):

@@ -116,3 +116,17 @@ def test_auto_settings_follow_the_platform_compiled_for():
   with config_lib.compiling_for("gpu"):
     assert attention.resolve_impl(cfg) == "cudnn"
   assert config_lib.platform() == "cpu"
+
+
+@pytest.mark.parametrize("kind", sorted(k for k, s in aot.DEVICES.items() if s.platform == "cuda"))
+def test_each_gpu_kind_has_a_target_config_the_compiler_accepts(kind):
+  """Every GPU kind named in DEVICES has its GpuTargetConfig, whose memory is the spec's, and
+  XLA:GPU compiles a sharded matmul for two of them (the figures a report divides by)."""
+  spec = aot.DEVICES[kind]
+  text = aot.gpu_target_config(kind)
+  assert f"device_memory_size: {spec.hbm_bytes}\n" in text
+  devices = aot.target_devices(f"{kind}:1x2")
+  sh = NamedSharding(Mesh(np.array(devices), ("x",)), P("x"))
+  x = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16, sharding=sh)
+  compiled = jax.jit(lambda a: (a @ a.T).sum()).lower(x).compile()
+  assert aot.analyse(compiled, spec)["hbm_bytes"] == spec.hbm_bytes

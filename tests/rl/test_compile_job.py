@@ -61,6 +61,26 @@ def test_the_tiny_job_compiles_for_a_tpu_slice_and_for_two_gpus(target):
     assert step["estimated_seconds"] > 0 and 0 < step["estimated_mfu"] < 1
 
 
+@pytest.mark.parametrize("shape,devices,want", [
+    ((1, 2, 8, 1), 16, (1, 2, 8, 1)),     # the config's own slice: as configured
+    ((1, 2, 8, 1), 64, (1, 8, 8, 1)),     # a larger slice: fsdp takes the difference
+    ((2, 2, 8, 1), 8, (1, 1, 8, 1)),      # data folds into fsdp before the experts shrink
+    ((1, 2, 8, 1), 4, (1, 1, 4, 1)),      # fewer devices than experts' ways: expert shrinks
+    ((1, 8, 8, 1), 48, (1, 6, 8, 1)),
+    ((1, -1, 1, 1), 4, (1, 4, 1, 1))])
+def test_a_configs_mesh_is_fitted_to_the_targets_device_count(shape, devices, want):
+  """A hidden (config, target) pair compiles on the target's devices: the config's mesh is
+  kept when it fits and otherwise refitted with a note; one that fits no way names why."""
+  axes = ("data", "fsdp", "expert", "tensor")
+  fitted, note = compile_job.mesh_for_target(axes, shape, devices)
+  assert fitted == want
+  assert (note == "") == (tuple(shape) == want or -1 in shape)
+  if note:
+    assert f"{devices} devices" in note and str(want) in note
+  with pytest.raises(sharding.MeshError, match="differ in length"):
+    compile_job.mesh_for_target(axes, (1, 2, 8), devices)
+
+
 def test_the_train_step_compiles_with_the_shardings_the_config_names():
   """The compiled step's state arguments are laid out as the config's rules say: FSDP weights
   split over `fsdp`, experts over `expert`."""
@@ -98,17 +118,20 @@ def test_moe_flops_on_tpu_do_not_grow_with_the_number_of_experts():
 
 
 def test_launch_compile_mode_prints_a_report_and_a_json_last_line():
-  """`launch.py --mode=compile` as a user runs it; a missing target is a one-line error."""
+  """`launch.py --mode=compile` as a user runs it (a config whose mesh names other than the
+  target's device count is refitted); a missing target is a one-line error."""
   cmd = [sys.executable, "launch.py", "--mode=compile", "--config=configs/tiny_cpu.py",
          "--config.compile.target=h200:1x2", "--config.compile.programs=('rl_step',)",
          "--config.train.seq_len=64", "--config.train.prompts_per_step=2",
-         "--config.train.samples_per_prompt=2", "--config.train.micro_batches=1"]
+         "--config.train.samples_per_prompt=2", "--config.train.micro_batches=1",
+         "--config.mesh.shape=(1,4,1,1)"]   # a 4-device mesh, compiled for the target's 2
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   last = json.loads(out.stdout.strip().splitlines()[-1])
   assert last["target"] == "h200:1x2" and last["programs"][0]["program"] == "rl_step"
   assert "memory/device:" in out.stdout and "of 141.0" in out.stdout
+  assert "compiling with mesh.shape (1, 2, 1, 1)" in out.stdout
   # The plan's analytic bytes for the same step, beside the compiler's.
   assert "--mode=plan says" in out.stdout and last["programs"][0]["plan_bytes"] > 0
   bad = subprocess.run(cmd[:3], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
