@@ -129,13 +129,14 @@ def test_unknown_dispatch_is_rejected_with_its_name():
 
 @pytest.mark.parametrize("rules_kind,dispatch", [("rows", "blocked"),
                                                  ("context_parallel", "blocked"),
-                                                 ("rows", "gmm")])
+                                                 ("rows", "gmm"), ("context_parallel", "gmm")])
 def test_on_a_mesh_each_device_routes_its_own_tokens_with_the_same_result(rules_kind, dispatch):
   """Under a mesh the tokens are routed and dispatched in the groups the mesh holds them in
   (8 here: rows over data x fsdp x expert, or with context parallelism each row's positions
   over fsdp x expert): outputs, router logits and gradients equal the one-group computation,
   and the compiled program's matmul FLOPs do not grow with the number of groups (no device
-  computes another device's tokens)."""
+  computes another device's tokens). With `gmm`, the experts split over `expert` stay split:
+  the tokens move to them (expert parallelism)."""
   from jax.sharding import NamedSharding
   from models import aot
   from models import sharding
@@ -166,6 +167,11 @@ def test_on_a_mesh_each_device_routes_its_own_tokens_with_the_same_result(rules_
   for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
     np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
   if dispatch == "gmm":   # here Pallas' interpreter, whose loops are no measure of the kernel's work
+    # Expert parallelism: each device gathers its share of the experts (16 over `expert`'s 2
+    # ways: 8), never all 16; the tokens come to them instead.
+    gathered = [l for l in hlo.splitlines() if "all-gather(" in l]
+    whole, share = [f"[{n},{cfg.hidden_size},{cfg.moe_intermediate_size}]" for n in (16, 8)]
+    assert not any(whole in l for l in gathered) and any(share in l for l in gathered)
     return
   one = jax.jit(lambda p, x: moe.forward(p, x, cfg)[0]).lower(p, x).compile().as_text()
   # Per device: an eighth of the tokens' work (plus the router and padding of smaller groups).
