@@ -133,22 +133,44 @@ def _attend_query_chunks(q, k, v, chunk: int, cfg: ModelConfig, offset: int = 0)
   Peak score memory is [batch, heads, chunk, seq] instead of [batch, heads, seq, seq], in the
   forward and the backward pass alike; the result is the same softmax, computed exactly.
   Query i sits at position offset + i of the keys (offset > 0: keys of a cached prefix first).
+
+  Under context parallelism (the row's positions split over `parts` devices) each step of the
+  loop takes one chunk from every device's part, so every device attends its own queries and
+  the keys and values are gathered once for the loop. (A loop over the row's chunks in order
+  would have all devices wait on one device's chunk and, as XLA partitions it, gathered the
+  queries, keys and values again at every step: 1.2 PiB a step for Qwen3.5-35B-A3B's 160k rows
+  on a v5p-32, compiler figures in docs/results.md.)
   """
   b, t, nh, hd = q.shape
   s = k.shape[1]
-  n = -(-t // chunk)
-  q = jnp.pad(q, [(0, 0), (0, n * chunk - t), (0, 0), (0, 0)])
-  q_blocks = jnp.moveaxis(q.reshape(b, n, chunk, nh, hd), 1, 0)
-  starts = jnp.arange(n) * chunk
+  parts = common.token_groups(q.shape)[2]
+  if parts < 2 or t % (parts * chunk):
+    parts = 1
+  per = -(-t // (parts * chunk))                    # loop steps: chunks of each device's part
+  q = jnp.pad(q, [(0, 0), (0, parts * per * chunk - t), (0, 0), (0, 0)])
+  # [b, parts, per, chunk, ...] -> step j: chunk j of every part, [per, b, parts * chunk, ...].
+  q_blocks = jnp.moveaxis(q.reshape(b, parts, per, chunk, nh, hd), 2, 0)
+  q_blocks = q_blocks.reshape(per, b, parts * chunk, nh, hd)
+  positions = ((jnp.arange(parts)[None, :, None] * per + jnp.arange(per)[:, None, None]) * chunk
+               + jnp.arange(chunk)[None, None, :]).reshape(per, parts * chunk)
+  if parts > 1:
+    k = common.constrain(k, ("batch", None, "kv_heads", "head_dim"))
+    v = common.constrain(v, ("batch", None, "kv_heads", "head_dim"))
 
   @jax.checkpoint
   def block(args):
-    q_i, start = args
-    mask = (offset + start + jnp.arange(chunk))[:, None] >= jnp.arange(s)[None, :]
-    return _attend(q_i, k, v, mask[None], cfg)
+    q_i, pos = args
+    if parts > 1:
+      q_i = common.constrain(q_i, ("batch", "activation_length", "heads", "head_dim"))
+    mask = (offset + pos)[:, None] >= jnp.arange(s)[None, :]
+    out = _attend(q_i, k, v, mask[None], cfg)
+    if parts > 1:
+      out = common.constrain(out, ("batch", "activation_length", "heads", "head_dim"))
+    return out
 
-  out = jax.lax.map(block, (q_blocks, starts))
-  return jnp.moveaxis(out, 0, 1).reshape(b, n * chunk, nh, hd)[:, :t]
+  out = jax.lax.map(block, (q_blocks, positions))
+  out = jnp.moveaxis(out.reshape(per, b, parts, chunk, nh, hd), 0, 2)
+  return out.reshape(b, parts * per * chunk, nh, hd)[:, :t]
 
 
 # `attention_causal_block=-1` (auto): the block with the "reference" einsums (CPU's default).

@@ -1,7 +1,11 @@
 """Small helpers shared by the layers: initialisers, dtype casts, activation sharding hints."""
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+
+from models import sharding
 
 
 def constrain(x: jax.Array, logical_axes: tuple) -> jax.Array:
@@ -11,6 +15,26 @@ def constrain(x: jax.Array, logical_axes: tuple) -> jax.Array:
   model runs unchanged on one device.
   """
   return nn.with_logical_constraint(x, logical_axes)
+
+
+def spec_axes(entry) -> tuple:
+  """The mesh axes of one PartitionSpec entry, as a tuple (None -> ())."""
+  return () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
+
+
+def token_groups(shape) -> tuple[tuple, int, int]:
+  """How the tokens of an activation of `shape` [batch, seq, ...] are split under the current
+  mesh and logical rules: (mesh axes, groups of rows, groups of each row's positions), the
+  `batch` axes that divide the rows, then the `activation_length` axes that divide each row.
+  ((), 1, 1) without a mesh or where nothing is split."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return (), 1, 1
+  rules = sharding.rules_from_config(nn.get_logical_axis_rules())
+  spec = sharding.logical_to_spec(("batch", "activation_length"), rules, mesh, shape[:2])
+  size = lambda t: math.prod(mesh.shape[a] for a in spec_axes(t))
+  axes = tuple(a for t in spec for a in spec_axes(t) if mesh.shape[a] > 1)
+  return axes, size(spec[0]), size(spec[1])
 
 
 def normal(key, shape, std, dtype):

@@ -32,8 +32,6 @@ experts split over the mesh stay split and the tokens move to them (expert paral
               interpreter runs it: tests), for widths that are multiples of 128 (`gmm_fits`).
   auto        per backend, `AUTO_DISPATCH`: `blocked` on cpu and gpu, `gmm` on tpu where it fits.
 """
-import math
-
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
@@ -359,22 +357,6 @@ def routed_experts(p, x, weights, experts, cfg: ModelConfig):
   return _ragged_dot_experts(p, x, weights, experts, cfg)
 
 
-def token_groups(shape) -> tuple[tuple, int, int]:
-  """How the tokens of an activation of `shape` [batch, seq, ...] are split under the current
-  mesh and logical rules: (mesh axes, groups of rows, groups of each row's positions), the
-  `batch` axes that divide the rows, then the `activation_length` axes that divide each row.
-  ((), 1, 1) without a mesh or where nothing is split."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
-    return (), 1, 1
-  rules = sharding.rules_from_config(nn.get_logical_axis_rules())
-  spec = sharding.logical_to_spec(("batch", "activation_length"), rules, mesh, shape[:2])
-  names = lambda t: () if t is None else ((t,) if isinstance(t, str) else tuple(t))
-  size = lambda t: math.prod(mesh.shape[a] for a in names(t))
-  axes = tuple(a for t in spec for a in names(t) if mesh.shape[a] > 1)
-  return axes, size(spec[0]), size(spec[1])
-
-
 def _group_tokens(x, groups_b: int, groups_s: int):
   """x [b, s, h] -> [groups_b * groups_s, tokens of a group, h], groups in mesh order."""
   b, s, h = x.shape
@@ -408,11 +390,6 @@ def _routed_grouped(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
           _ungroup_tokens(logits, b, s, groups_b, groups_s).reshape(b * s, -1))
 
 
-def _mesh_axes(spec_entry) -> tuple:
-  return () if spec_entry is None else (
-      (spec_entry,) if isinstance(spec_entry, str) else tuple(spec_entry))
-
-
 def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, groups_s: int, b, s):
   """`_routed_grouped` for the `gmm` dispatch: the token groups as a `shard_map` over their mesh
   axes, since XLA does not partition a Pallas kernel (a vmap with spmd_axis_name is not enough).
@@ -434,10 +411,10 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
   mesh = jax.sharding.get_abstract_mesh()
   rules = sharding.rules_from_config(nn.get_logical_axis_rules())
   spec = sharding.logical_to_spec(("experts", None, "expert_mlp"), rules, mesh, p["wi_gate"].shape)
-  mlp_axes = _mesh_axes(spec[2])
+  mlp_axes = common.spec_axes(spec[2])
   if set(mlp_axes) & set(axes):
     raise ValueError(f"moe_dispatch='gmm': the expert_mlp axes {mlp_axes} also split the tokens")
-  ep = tuple(a for a in _mesh_axes(spec[0]) if mesh.shape[a] > 1)
+  ep = tuple(a for a in common.spec_axes(spec[0]) if mesh.shape[a] > 1)
   if not set(ep) <= set(axes):
     ep = ()      # the experts' axes hold the same tokens: gather the experts instead
   xg = _group_tokens(flat.reshape(b, s, h), groups_b, groups_s)
@@ -473,7 +450,7 @@ def forward(p, x, cfg: ModelConfig):
   b, s, h = x.shape
   dt = cfg.jnp_dtype
   flat = x.reshape(b * s, h).astype(dt)
-  axes, groups_b, groups_s = token_groups(x.shape)
+  axes, groups_b, groups_s = common.token_groups(x.shape)
   dispatch = dispatch_of(cfg)
   if axes and dispatch in ("blocked", "gmm"):
     grouped = _routed_sharded if dispatch == "gmm" else _routed_grouped

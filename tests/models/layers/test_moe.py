@@ -6,6 +6,7 @@ import pytest
 
 from configs import base
 from models import qwen3_5
+from models.layers import common
 from models.layers import moe
 
 
@@ -154,7 +155,7 @@ def test_on_a_mesh_each_device_routes_its_own_tokens_with_the_same_result(rules_
     rules = sharding.context_parallel_rules(rules, ("fsdp", "expert"))
   mesh = sharding.make_mesh(c.mesh)
   with sharding.use_mesh(mesh, rules):
-    axes, gb, gs = moe.token_groups(x.shape)
+    axes, gb, gs = common.token_groups(x.shape)
     assert gb * gs == 8 and len(axes) == 3
     p_sh = sharding.tree_shardings(moe.axes(cfg), jax.eval_shape(lambda: p), mesh, rules)
     x_spec = sharding.logical_to_spec(("batch", "activation_length", None), rules, mesh, x.shape)
