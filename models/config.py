@@ -23,6 +23,8 @@ MOE_DISPATCHES = ("auto", "ragged_dot", "blocked", "gmm")
 # The values of ModelConfig.gdn_precision: the precision of the chunked delta rule's float32
 # matmuls (jax.lax.Precision names; models/layers/gated_deltanet.py).
 GDN_PRECISIONS = ("highest", "high", "default")
+# The values of ModelConfig.moe_expert_parallel (models/layers/moe.py, `expert_parallel`).
+MOE_EXPERT_PARALLEL = ("auto", "on", "off")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +68,7 @@ class ModelConfig:
   moe_dispatch: str = "auto"
   moe_block_size: int = 128
   gdn_precision: str = "highest"
+  moe_expert_parallel: str = "auto"
 
   def __post_init__(self):
     if len(self.layer_types) != self.num_hidden_layers:
@@ -92,6 +95,9 @@ class ModelConfig:
     if self.gdn_precision not in GDN_PRECISIONS:
       raise ValueError(f"gdn_precision must be one of {GDN_PRECISIONS}, got "
                        f"{self.gdn_precision!r}")
+    if self.moe_expert_parallel not in MOE_EXPERT_PARALLEL:
+      raise ValueError(f"moe_expert_parallel must be one of {MOE_EXPERT_PARALLEL}, got "
+                       f"{self.moe_expert_parallel!r}")
     if self.scan_unroll < -1:
       raise ValueError(f"scan_unroll must be >= -1 (-1 = auto, 0 = fully unrolled), got "
                        f"{self.scan_unroll}")

@@ -144,14 +144,20 @@ def _attend_query_chunks(q, k, v, chunk: int, cfg: ModelConfig, offset: int = 0)
   b, t, nh, hd = q.shape
   s = k.shape[1]
   parts = common.token_groups(q.shape)[2]
-  if parts < 2 or t % (parts * chunk):
+  if parts < 2 or t % parts:
     parts = 1
-  per = -(-t // (parts * chunk))                    # loop steps: chunks of each device's part
-  q = jnp.pad(q, [(0, 0), (0, parts * per * chunk - t), (0, 0), (0, 0)])
-  # [b, parts, per, chunk, ...] -> step j: chunk j of every part, [per, b, parts * chunk, ...].
+  part = t // parts                                 # a device's positions
+  if parts > 1:
+    # A chunk that divides the part, where one of at least half the size does: no padding.
+    chunk = next((c for c in range(min(chunk, part), chunk // 2 - 1, -1) if part % c == 0), chunk)
+  per = -(-part // chunk)                           # loop steps: chunks of each device's part
+  # [b, parts, per, chunk, ...] (each part padded to whole chunks) -> step j: chunk j of every
+  # part, [per, b, parts * chunk, ...].
+  q = jnp.pad(q.reshape(b, parts, part, nh, hd),
+              [(0, 0), (0, 0), (0, per * chunk - part), (0, 0), (0, 0)])
   q_blocks = jnp.moveaxis(q.reshape(b, parts, per, chunk, nh, hd), 2, 0)
   q_blocks = q_blocks.reshape(per, b, parts * chunk, nh, hd)
-  positions = ((jnp.arange(parts)[None, :, None] * per + jnp.arange(per)[:, None, None]) * chunk
+  positions = (jnp.arange(parts)[None, :, None] * part + jnp.arange(per)[:, None, None] * chunk
                + jnp.arange(chunk)[None, None, :]).reshape(per, parts * chunk)
   if parts > 1:
     k = common.constrain(k, ("batch", None, "kv_heads", "head_dim"))
@@ -170,7 +176,7 @@ def _attend_query_chunks(q, k, v, chunk: int, cfg: ModelConfig, offset: int = 0)
 
   out = jax.lax.map(block, (q_blocks, positions))
   out = jnp.moveaxis(out.reshape(per, b, parts, chunk, nh, hd), 0, 2)
-  return out.reshape(b, parts * per * chunk, nh, hd)[:, :t]
+  return out.reshape(b, parts, per * chunk, nh, hd)[:, :, :part].reshape(b, t, nh, hd)
 
 
 # `attention_causal_block=-1` (auto): the block with the "reference" einsums (CPU's default).

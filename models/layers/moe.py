@@ -32,6 +32,8 @@ experts split over the mesh stay split and the tokens move to them (expert paral
               interpreter runs it: tests), for widths that are multiples of 128 (`gmm_fits`).
   auto        per backend, `AUTO_DISPATCH`: `blocked` on cpu and gpu, `gmm` on tpu where it fits.
 """
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
@@ -390,6 +392,25 @@ def _routed_grouped(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
           _ungroup_tokens(logits, b, s, groups_b, groups_s).reshape(b * s, -1))
 
 
+# `moe_expert_parallel="auto"`: expert parallelism where the rows it gathers (ways x tokens x
+# top-k, each `embed` wide, held a few times over: the sorted rows, the SwiGLU's halves, their
+# gradients; ~4) take fewer bytes than gathering the layer's experts whole (3 matrices of
+# experts x embed x expert_mlp, and their float32 gradients: ~9 in bfloat16 units), i.e. rows
+# < EP_AUTO_ROWS_PER_EXPERT_WIDTH x experts x expert_mlp. Qwen3.5-397B-A17B's rows of 160k
+# over 512 devices: 51,200 rows against 1.18 M, on; 35B-A3B's over 32 devices: 655,360
+# against 295 k, off (compiler figures in docs/results.md).
+EP_AUTO_ROWS_PER_EXPERT_WIDTH = 9 / 4
+
+
+def expert_parallel(cfg: ModelConfig, ways: int, tokens: int) -> bool:
+  """Whether `_routed_sharded` moves `tokens` (a device's) to experts split `ways` ways
+  (`cfg.moe_expert_parallel`: on | off | auto, see EP_AUTO_ROWS_PER_EXPERT_WIDTH)."""
+  if cfg.moe_expert_parallel != "auto":
+    return cfg.moe_expert_parallel == "on"
+  rows = ways * tokens * cfg.num_experts_per_tok
+  return rows < EP_AUTO_ROWS_PER_EXPERT_WIDTH * cfg.num_experts * cfg.moe_intermediate_size
+
+
 def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, groups_s: int, b, s):
   """`_routed_grouped` for the `gmm` dispatch: the token groups as a `shard_map` over their mesh
   axes, since XLA does not partition a Pallas kernel (a vmap with spmd_axis_name is not enough).
@@ -401,7 +422,7 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
   dimensions, like FSDP's weights) and gathers the tokens of the devices that share its
   position on the expert axes (with their routing): the grouped matmul runs only the pairs
   routed to its experts (`_gmm`'s first_group) and the partial sums go back to the tokens'
-  devices summed (a reduce-scatter, in float32). Nothing is dropped: every pair is computed
+  devices summed (a reduce-scatter, in float32), where `expert_parallel` says so. Nothing is dropped: every pair is computed
   once, on the device holding its expert, and a device's matmul rows are its experts' share
   of the gathered pairs. The bytes moved a layer are the tokens' activations times the expert
   ways, in place of the layer's expert weights whole on every device (12.9 GB a layer of
@@ -415,9 +436,11 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
   if set(mlp_axes) & set(axes):
     raise ValueError(f"moe_dispatch='gmm': the expert_mlp axes {mlp_axes} also split the tokens")
   ep = tuple(a for a in common.spec_axes(spec[0]) if mesh.shape[a] > 1)
+  xg = _group_tokens(flat.reshape(b, s, h), groups_b, groups_s)
   if not set(ep) <= set(axes):
     ep = ()      # the experts' axes hold the same tokens: gather the experts instead
-  xg = _group_tokens(flat.reshape(b, s, h), groups_b, groups_s)
+  elif not expert_parallel(cfg, math.prod(mesh.shape[a] for a in ep), xg.shape[1]):
+    ep = ()
   e = ep or None
   wi, wo = PartitionSpec(e, None, spec[2]), PartitionSpec(e, spec[2], None)
 

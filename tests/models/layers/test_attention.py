@@ -159,7 +159,8 @@ def test_query_chunks_under_context_parallelism_stay_on_their_devices():
   """A row split by position over 4 devices (fsdp x expert of a 2x2x2 mesh), attended in query
   chunks: the same outputs and gradients as on one device, and the collectives do not grow
   with the loop's steps (each step takes one chunk of every device's part; keys and values are
-  gathered once for the loop, not at every step)."""
+  gathered once for the loop, not at every step), also where a device's part is no multiple
+  of the chunk."""
   from jax.sharding import NamedSharding
   from models import aot
   from models import sharding
@@ -170,7 +171,9 @@ def test_query_chunks_under_context_parallelism_stay_on_their_devices():
                                           ("fsdp", "expert"))
   mesh = sharding.make_mesh(c.mesh)
   collectives = {}
-  for seq in (64, 128):         # 2 and 4 steps of a chunk per device
+  # 64, 128: 2 and 4 steps of a chunk per device; 80: parts of 20 in chunks of 5; 88: parts of
+  # 22 padded to 3 chunks of 8.
+  for seq in (64, 128, 80, 88):
     params, x, positions = _inputs(cfg, batch=2, seq=seq)
     loss = lambda p, x: jnp.sum(attention.forward(p, x, positions, cfg)[0] ** 2)
     grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))

@@ -241,3 +241,22 @@ def test_auto_dispatch_on_tpu_is_the_grouped_matmul_where_its_tiles_fit():
     with config_lib.compiling_for(platform):
       assert moe.dispatch_of(wide) == "blocked"
   assert moe.dispatch_of(narrow.replace(moe_dispatch="gmm")) == "gmm"   # the interpreter here
+
+
+def test_expert_parallelism_is_chosen_where_the_gathered_tokens_cost_less_than_the_experts():
+  """`moe_expert_parallel=auto`: tokens move to the experts where the rows gathered from the
+  expert ways are fewer than the layer's expert weights (Qwen3.5-397B-A17B's 160k rows over
+  512 devices, 640 tokens a device), and the experts move to the tokens where the rows would be
+  the larger (35B-A3B's over 32 devices, 10,240 tokens a device); on and off force it."""
+  from models import presets
+  def cfg(name, **kw):
+    m = base.get_model_config()
+    m.update(presets.preset(name))
+    m.update(kw)
+    return qwen3_5.config_from_dict(m)
+
+  big, mid = cfg("qwen3_5_397b_a17b"), cfg("qwen3_5_35b_a3b")
+  assert moe.expert_parallel(big, 8, 640)
+  assert not moe.expert_parallel(mid, 8, 10_240)
+  assert moe.expert_parallel(cfg("qwen3_5_35b_a3b", moe_expert_parallel="on"), 8, 10_240)
+  assert not moe.expert_parallel(cfg("qwen3_5_397b_a17b", moe_expert_parallel="off"), 8, 640)
