@@ -135,8 +135,9 @@ def _attend_query_chunks(q, k, v, chunk: int, cfg: ModelConfig, offset: int = 0)
   Query i sits at position offset + i of the keys (offset > 0: keys of a cached prefix first).
 
   Under context parallelism (the row's positions split over `parts` devices) each step of the
-  loop takes one chunk from every device's part, so every device attends its own queries and
-  the keys and values are gathered once for the loop. (A loop over the row's chunks in order
+  loop takes chunk / parts queries from every device's part, so every device attends its own
+  queries (a step's scores are a chunk's, as without the split) and the keys and values are
+  gathered once for the loop. (A loop over the row's chunks in order
   would have all devices wait on one device's chunk and, as XLA partitions it, gathered the
   queries, keys and values again at every step: 1.2 PiB a step for Qwen3.5-35B-A3B's 160k rows
   on a v5p-32, compiler figures in docs/results.md.)
@@ -148,8 +149,11 @@ def _attend_query_chunks(q, k, v, chunk: int, cfg: ModelConfig, offset: int = 0)
     parts = 1
   part = t // parts                                 # a device's positions
   if parts > 1:
-    # A chunk that divides the part, where one of at least half the size does: no padding.
-    chunk = next((c for c in range(min(chunk, part), chunk // 2 - 1, -1) if part % c == 0), chunk)
+    # `chunk` queries a step over all the devices (the memory of a step as without the split):
+    # chunk / parts of each device's own; one that divides the part where one of at least half
+    # that size does (no padding).
+    chunk = min(max(1, chunk // parts), part)
+    chunk = next((c for c in range(chunk, (chunk + 1) // 2 - 1, -1) if part % c == 0), chunk)
   per = -(-part // chunk)                           # loop steps: chunks of each device's part
   # [b, parts, per, chunk, ...] (each part padded to whole chunks) -> step j: chunk j of every
   # part, [per, b, parts * chunk, ...].
