@@ -5,20 +5,32 @@
 Mesh: experts over `expert` (512 experts / 8), dense weights and the expert weights' embed
 dimension FSDP over `fsdp` (8); each 160k row's tokens over all 64 devices (context
 parallelism over `fsdp` x `expert`). Precision and hyperparameters: configs/report_recipe.py.
-For a TPU v5p-512 slice (256 chips of 95 GiB; 63 GiB a chip by --mode=plan, 99 with twice
-the activations):
-  --config.mesh.shape="(1,32,8,1)" --config.plan.num_devices=256 --config.train.micro_batches=16
-  --config.plan.device_kind="TPU v5p" --config.plan.device_memory_gib=95
+For a TPU v5p-512 slice (256 chips of 95 GiB), the layout `v5p512`:
+
+  python launch.py --mode=compile --config=configs/qwen3_5_397b_a17b.py:v5p512 --config.compile.target=v5p:8x8x4
+
+(~2.5 minutes of compile on a 2-core CPU; 78 GiB a chip, compiler figures in
+docs/results.md#full-size-programs-compiled-for-their-targets). Each row over 64 chips
+(`fsdp` x `expert`: the Gated DeltaNet's 64 value heads split one a chip; over all 256 the
+heads cannot split and XLA holds whole rows of them, 130 GiB a chip), 4 rows a micro-batch
+over `data`, and the weights FSDP over `data` x `fsdp` (32 ways).
 Several hosts: the rollout servers run as their own jobs (`launch.py --mode=serve
 --config.rollout.mesh_shape=...` on each; `rollout.servers` and `rollout.weights_dir` for the
 trainer): an in-process engine serves from one process only (rl/rollout/README.md).
 """
 from configs import base
 from configs import report_recipe
+from models import sharding
+
+
+LAYOUTS = ("", "v5p512")
 
 
 def get_config(arg=None):
-  del arg
+  layout = arg or ""
+  if layout not in LAYOUTS:
+    raise ValueError(f"qwen3_5_397b_a17b.py: unknown layout {layout!r}; one of {LAYOUTS[1:]} "
+                     "or none (64 H200s)")
   c = report_recipe.apply(base.get_config(), "qwen3_5_397b_a17b")
   c.mesh.shape = (1, 8, 8, 1)        # data, fsdp, expert, tensor = 64 devices
   # The float32 masters and Adam moments take most of an H200: a micro-batch holds 2 rows, each
@@ -26,4 +38,10 @@ def get_config(arg=None):
   # that takes a device: --mode=plan, docs/results.md#memory-plans-of-the-full-size-configs.
   c.train.micro_batches = 128
   c.plan.num_devices = 64
+  if layout == "v5p512":
+    c.mesh.shape = (4, 8, 8, 1)      # 256 chips: 4 rows at a time, each over 64
+    c.mesh.rules = sharding.with_targets(c.mesh.rules, embed=("data", "fsdp"))
+    c.train.micro_batches = 64       # 256 rows / 64 = 4 a micro-batch, one a `data` group
+    c.plan.num_devices = 256
+    c.plan.device_kind, c.plan.device_memory_gib = "TPU v5p", 95
   return c

@@ -99,7 +99,7 @@ def context_parallel_rules(rules: Iterable, axes) -> Rules:
   axes = (axes,) if isinstance(axes, str) else tuple(axes)
   batch = tuple(a for a in rule_axes(rules, "batch") if a not in axes)
   heads = axes + tuple(a for a in rule_axes(rules, "activation_heads") if a not in axes)
-  return _with_targets(rules, batch=_rule_target(batch), activation_length=_rule_target(axes),
+  return with_targets(rules, batch=_rule_target(batch), activation_length=_rule_target(axes),
                        activation_heads=_rule_target(heads))
 
 
@@ -114,12 +114,13 @@ def without_context_parallel(rules: Iterable) -> Rules:
   batch = rule_axes(rules, "batch")
   batch += tuple(a for a in length if a not in batch)
   heads = tuple(a for a in rule_axes(rules, "activation_heads") if a not in length)
-  return _with_targets(rules, batch=_rule_target(batch), activation_length=None,
+  return with_targets(rules, batch=_rule_target(batch), activation_length=None,
                        activation_heads=_rule_target(heads))
 
 
-def _with_targets(rules: Iterable, **targets) -> Rules:
-  """`rules` with the targets of the logical axes named in `targets` replaced."""
+def with_targets(rules: Iterable, **targets) -> Rules:
+  """`rules` with the targets of the logical axes named in `targets` replaced, e.g.
+  with_targets(rules, embed=("data", "fsdp")): weights FSDP over `data` too."""
   return tuple((name, targets.get(name, target)) for name, target in rules_from_config(rules))
 
 

@@ -1,0 +1,39 @@
+"""A full-size config's named layout (`--config=configs/X.py:LAYOUT`, big_vision's get_config
+argument) resolves as launch.py resolves it, and an unknown one is an error naming the choices."""
+import os
+
+from absl import flags
+from ml_collections import config_flags
+import pytest
+
+from models import sharding
+from rl import plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _resolve(config_arg: str):
+  fv = flags.FlagValues()
+  holder = config_flags.DEFINE_config_file("config", os.path.join(ROOT, config_arg),
+                                           flag_values=fv, lock_config=True)
+  fv(["launch.py"])
+  return holder.value
+
+
+def test_the_397b_v5p512_layout_splits_rows_over_64_chips_and_weights_over_32():
+  c = _resolve("configs/qwen3_5_397b_a17b.py:v5p512")
+  assert tuple(c.mesh.shape) == (4, 8, 8, 1) and c.plan.num_devices == 256
+  assert sharding.rule_axes(c.mesh.rules, "embed") == ("data", "fsdp")
+  assert sharding.rule_axes(c.mesh.rules, "activation_length") == ("fsdp", "expert")
+  rows = c.train.prompts_per_step * c.train.samples_per_prompt
+  assert rows // c.train.micro_batches == 4          # one row a `data` group
+  # The plan of the layout: weights and optimizer state split over all 256 chips' 32-way FSDP
+  # x 8-way experts, a quarter of the 64-H200 layout's (8-way FSDP).
+  here, h200 = (plan.memory_plan(x, x.plan.num_devices, [8192])["params"] for x in (
+      c, _resolve("configs/qwen3_5_397b_a17b.py")))
+  assert 0.2 < here / h200 < 0.3
+
+
+def test_an_unknown_layout_names_the_known_ones():
+  with pytest.raises(Exception, match="v5p512"):
+    _resolve("configs/qwen3_5_397b_a17b.py:v5p1024")
