@@ -79,13 +79,12 @@ def get_config() -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict()
   c.mesh.axes = ("data", "fsdp", "expert", "tensor")  # mesh axis names
   c.mesh.shape = (1, -1, 1, 1)       # one entry per axis; -1 = all remaining devices
-  # Logical axis -> mesh axes. FSDP for dense weights, experts over `expert`, heads/MLP over `tensor`.
+  # Logical axis -> mesh axes. FSDP for weights, experts over `expert`, heads/MLP over `tensor`.
   c.mesh.rules = (
       ("batch", ("data", "fsdp", "expert")),
       ("activation_length", None),
       ("activation_embed", None),
       ("activation_heads", "tensor"),   # per-head activations of the sequence mixers (Gated DeltaNet)
-      ("embed", "fsdp"),
       ("vocab", "tensor"),
       ("heads", "tensor"),
       ("kv_heads", "tensor"),
@@ -94,6 +93,10 @@ def get_config() -> ml_collections.ConfigDict:
       ("kv_heads_x_dim", "tensor"),
       ("mlp", "tensor"),
       ("experts", "expert"),
+      # Weights FSDP over `fsdp` x `expert`; an expert weight, whose experts took `expert` by
+      # the rule above (flax assigns rules in order), over `fsdp` alone, the fallback rule.
+      ("embed", ("fsdp", "expert")),
+      ("embed", "fsdp"),
       ("expert_mlp", "tensor"),
       ("gdn_qkv", "tensor"),
       ("gdn_value", "tensor"),

@@ -13,7 +13,8 @@ For a TPU v5p-512 slice (256 chips of 95 GiB), the layout `v5p512`:
 docs/results.md#full-size-programs-compiled-for-their-targets). Each row over 64 chips
 (`fsdp` x `expert`: the Gated DeltaNet's 64 value heads split one a chip; over all 256 the
 heads cannot split and XLA holds whole rows of them, 130 GiB a chip), 4 rows a micro-batch
-over `data`, and the weights FSDP over `data` x `fsdp` (32 ways).
+over `data`, and the weights FSDP over `data` x `fsdp` x `expert` (an expert weight over `data` x
+`fsdp`, its experts over `expert`).
 Several hosts: the rollout servers run as their own jobs (`launch.py --mode=serve
 --config.rollout.mesh_shape=...` on each; `rollout.servers` and `rollout.weights_dir` for the
 trainer): an in-process engine serves from one process only (rl/rollout/README.md).
@@ -40,7 +41,8 @@ def get_config(arg=None):
   c.plan.num_devices = 64
   if layout == "v5p512":
     c.mesh.shape = (4, 8, 8, 1)      # 256 chips: 4 rows at a time, each over 64
-    c.mesh.rules = sharding.with_targets(c.mesh.rules, embed=("data", "fsdp"))
+    c.mesh.rules = sharding.with_targets(c.mesh.rules, embed=[("data", "fsdp", "expert"),
+                                                              ("data", "fsdp")])
     c.train.micro_batches = 64       # 256 rows / 64 = 4 a micro-batch, one a `data` group
     c.plan.num_devices = 256
     c.plan.device_kind, c.plan.device_memory_gib = "TPU v5p", 95

@@ -74,7 +74,9 @@ def rules_from_config(rules: Iterable) -> Rules:
 
 def rule_axes(rules: Iterable, logical: str) -> tuple:
   """The mesh axes `rules` map the logical axis `logical` to, as a tuple (() = none)."""
-  target = dict(rules_from_config(rules)).get(logical)
+  # The first rule for `logical` (later ones are fallbacks for arrays whose other dimensions
+  # took its axes).
+  target = next((t for name, t in rules_from_config(rules) if name == logical), None)
   return () if target is None else ((target,) if isinstance(target, str) else tuple(target))
 
 
@@ -119,9 +121,19 @@ def without_context_parallel(rules: Iterable) -> Rules:
 
 
 def with_targets(rules: Iterable, **targets) -> Rules:
-  """`rules` with the targets of the logical axes named in `targets` replaced, e.g.
-  with_targets(rules, embed=("data", "fsdp")): weights FSDP over `data` too."""
-  return tuple((name, targets.get(name, target)) for name, target in rules_from_config(rules))
+  """`rules` with the targets of the logical axes named in `targets` replaced; a list gives
+  one target per rule of that name, in order (a rule and its fallbacks), e.g.
+  with_targets(rules, embed=[("data", "fsdp", "expert"), ("data", "fsdp")])."""
+  out, seen = [], {}
+  for name, target in rules_from_config(rules):
+    if name in targets:
+      new = targets[name]
+      if isinstance(new, list):
+        i = seen[name] = seen.get(name, -1) + 1
+        new = new[min(i, len(new) - 1)]
+      target = new
+    out.append((name, target))
+  return rules_from_config(out)
 
 
 def _axis_size(mesh: Mesh, target) -> int:

@@ -44,13 +44,16 @@ def test_param_shardings_follow_rules():
   shapes = jax.eval_shape(lambda k: qwen3_5.init_params(mc, k), jax.random.key(0))
   sh = sharding.tree_shardings(qwen3_5.param_axes(mc), shapes, mesh, rules)
   ffn = sh["blocks"][0]["ffn"]
-  assert ffn["wi_gate"].spec == P(None, "expert", "fsdp", "tensor")     # experts split over expert
+  # Experts split over expert, their embed dimension FSDP over fsdp (the fallback rule).
+  assert ffn["wi_gate"].spec == P(None, "expert", "fsdp", "tensor")
   assert ffn["wo"].spec == P(None, "expert", "tensor", "fsdp")
-  assert ffn["shared_gate_proj"].spec == P(None, "fsdp", "tensor")      # FSDP dense + TP mlp
-  assert sh["embed"].spec == P("tensor", "fsdp")
-  assert sh["lm_head"].spec == P("fsdp", "tensor")
+  # Other weights FSDP over fsdp x expert (no device holds a replica of them) + TP mlp.
+  fsdp = ("fsdp", "expert")
+  assert ffn["shared_gate_proj"].spec == P(None, fsdp, "tensor")
+  assert sh["embed"].spec == P("tensor", fsdp)
+  assert sh["lm_head"].spec == P(fsdp, "tensor")
   attn = sh["blocks"][3]["mixer"]
-  assert attn["q_proj"].spec == P(None, "fsdp", "tensor", None)         # heads over tensor
+  assert attn["q_proj"].spec == P(None, fsdp, "tensor", None)           # heads over tensor
   assert sh["final_norm"].spec == P(None)
 
 
