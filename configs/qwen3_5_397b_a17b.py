@@ -2,9 +2,9 @@
 
   python launch.py --mode=plan --config=configs/qwen3_5_397b_a17b.py
 
-Mesh: experts over `expert` (512 experts / 8), dense weights and the expert weights' embed
-dimension FSDP over `fsdp` (8); each 160k row's tokens over all 64 devices (context
-parallelism over `fsdp` x `expert`). Precision and hyperparameters: configs/report_recipe.py.
+Mesh: experts over `expert` (512 experts / 8) and their embed dimension over `fsdp` (8), the
+other weights FSDP over all 64 devices (`fsdp` x `expert`); each 160k row's tokens over all 64
+devices (context parallelism over `fsdp` x `expert`). Precision and hyperparameters: configs/report_recipe.py.
 For a TPU v5p-512 slice (256 chips of 95 GiB), the layout `v5p512`:
 
   python launch.py --mode=compile --config=configs/qwen3_5_397b_a17b.py:v5p512 --config.compile.target=v5p:8x8x4
