@@ -9,7 +9,7 @@ For a TPU v5p-512 slice (256 chips of 95 GiB), the layout `v5p512`:
 
   python launch.py --mode=compile --config=configs/qwen3_5_397b_a17b.py:v5p512 --config.compile.target=v5p:8x8x4
 
-(~2.5 minutes of compile on a 2-core CPU; 78 GiB a chip, compiler figures in
+(~3 minutes of compile on a 2-core CPU; 77 GiB a chip, compiler figures in
 docs/results.md#full-size-programs-compiled-for-their-targets). Each row over 64 chips
 (`fsdp` x `expert`: the Gated DeltaNet's 64 value heads split one a chip; over all 256 the
 heads cannot split and XLA holds whole rows of them, 130 GiB a chip), 4 rows a micro-batch
