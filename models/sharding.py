@@ -76,7 +76,11 @@ def rule_axes(rules: Iterable, logical: str) -> tuple:
   """The mesh axes `rules` map the logical axis `logical` to, as a tuple (() = none)."""
   # The first rule for `logical` (later ones are fallbacks for arrays whose other dimensions
   # took its axes).
-  target = next((t for name, t in rules_from_config(rules) if name == logical), None)
+  return target_axes(next((t for name, t in rules_from_config(rules) if name == logical), None))
+
+
+def target_axes(target) -> tuple:
+  """A rule's target or a PartitionSpec entry (None, one mesh axis, or several) as a tuple."""
   return () if target is None else ((target,) if isinstance(target, str) else tuple(target))
 
 
@@ -137,10 +141,7 @@ def with_targets(rules: Iterable, **targets) -> Rules:
 
 
 def _axis_size(mesh: Mesh, target) -> int:
-  if target is None:
-    return 1
-  names = (target,) if isinstance(target, str) else target
-  return math.prod(mesh.shape[n] for n in names)
+  return math.prod(mesh.shape[n] for n in target_axes(target))
 
 
 def logical_to_spec(logical_axes: Sequence[Optional[str]], rules: Rules,
@@ -157,7 +158,7 @@ def logical_to_spec(logical_axes: Sequence[Optional[str]], rules: Rules,
     for i, target in enumerate(spec):
       if target is None:
         continue
-      names = [target] if isinstance(target, str) else list(target)
+      names = list(target_axes(target))
       names = [n for n in names if mesh.shape[n] > 1] or names[:0]
       while names and shape[i] % _axis_size(mesh, tuple(names)):
         names.pop()

@@ -137,10 +137,10 @@ def _attend_query_chunks(q, k, v, chunk: int, cfg: ModelConfig, offset: int = 0)
   Under context parallelism (the row's positions split over `parts` devices) each step of the
   loop takes chunk / parts queries from every device's part, so every device attends its own
   queries (a step's scores are a chunk's, as without the split) and the keys and values are
-  gathered once for the loop. (A loop over the row's chunks in order
-  would have all devices wait on one device's chunk and, as XLA partitions it, gathered the
-  queries, keys and values again at every step: 1.2 PiB a step for Qwen3.5-35B-A3B's 160k rows
-  on a v5p-32, compiler figures in docs/results.md.)
+  gathered once for the loop. (A loop over the row's chunks in order had all devices wait on
+  one device's chunk and, as XLA partitions it, gathered the queries, keys and values again at
+  every step: 1.2 PiB a step for Qwen3.5-35B-A3B's 160k rows on a v5p-32, compiler figures in
+  docs/results.md.)
   """
   b, t, nh, hd = q.shape
   s = k.shape[1]

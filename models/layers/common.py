@@ -17,11 +17,6 @@ def constrain(x: jax.Array, logical_axes: tuple) -> jax.Array:
   return nn.with_logical_constraint(x, logical_axes)
 
 
-def spec_axes(entry) -> tuple:
-  """The mesh axes of one PartitionSpec entry, as a tuple (None -> ())."""
-  return () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
-
-
 def token_groups(shape) -> tuple[tuple, int, int]:
   """How the tokens of an activation of `shape` [batch, seq, ...] are split under the current
   mesh and logical rules: (mesh axes, groups of rows, groups of each row's positions), the
@@ -32,8 +27,8 @@ def token_groups(shape) -> tuple[tuple, int, int]:
     return (), 1, 1
   rules = sharding.rules_from_config(nn.get_logical_axis_rules())
   spec = sharding.logical_to_spec(("batch", "activation_length"), rules, mesh, shape[:2])
-  size = lambda t: math.prod(mesh.shape[a] for a in spec_axes(t))
-  axes = tuple(a for t in spec for a in spec_axes(t) if mesh.shape[a] > 1)
+  size = lambda t: math.prod(mesh.shape[a] for a in sharding.target_axes(t))
+  axes = tuple(a for t in spec for a in sharding.target_axes(t) if mesh.shape[a] > 1)
   return axes, size(spec[0]), size(spec[1])
 
 

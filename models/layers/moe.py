@@ -422,9 +422,9 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
   dimensions, like FSDP's weights) and gathers the tokens of the devices that share its
   position on the expert axes (with their routing): the grouped matmul runs only the pairs
   routed to its experts (`_gmm`'s first_group) and the partial sums go back to the tokens'
-  devices summed (a reduce-scatter, in float32), where `expert_parallel` says so. Nothing is dropped: every pair is computed
-  once, on the device holding its expert, and a device's matmul rows are its experts' share
-  of the gathered pairs. The bytes moved a layer are the tokens' activations times the expert
+  devices summed (a reduce-scatter, in float32), where `expert_parallel` says so. Nothing is
+  dropped: every pair is computed once, on the device holding its expert, and a device's
+  matmul rows are its experts' share of the gathered pairs. The bytes moved a layer are the tokens' activations times the expert
   ways, in place of the layer's expert weights whole on every device (12.9 GB a layer of
   Qwen3.5-397B-A17B in bfloat16; 1.6 GB of 35B-A3B). Otherwise the experts are gathered whole
   (their `expert_mlp` split stays: the down projection's partial sums are added over it)."""
@@ -432,14 +432,15 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
   mesh = jax.sharding.get_abstract_mesh()
   rules = sharding.rules_from_config(nn.get_logical_axis_rules())
   spec = sharding.logical_to_spec(("experts", None, "expert_mlp"), rules, mesh, p["wi_gate"].shape)
-  mlp_axes = common.spec_axes(spec[2])
+  mlp_axes = sharding.target_axes(spec[2])
   if set(mlp_axes) & set(axes):
     raise ValueError(f"moe_dispatch='gmm': the expert_mlp axes {mlp_axes} also split the tokens")
-  ep = tuple(a for a in common.spec_axes(spec[0]) if mesh.shape[a] > 1)
+  ep = tuple(a for a in sharding.target_axes(spec[0]) if mesh.shape[a] > 1)
   xg = _group_tokens(flat.reshape(b, s, h), groups_b, groups_s)
-  if not set(ep) <= set(axes):
-    ep = ()      # the experts' axes hold the same tokens: gather the experts instead
-  elif not expert_parallel(cfg, math.prod(mesh.shape[a] for a in ep), xg.shape[1]):
+  # Tokens move to the experts only where the expert axes split the tokens too (otherwise those
+  # devices hold the same tokens) and `expert_parallel` says so; else the experts are gathered.
+  if not (set(ep) <= set(axes)
+          and expert_parallel(cfg, math.prod(mesh.shape[a] for a in ep), xg.shape[1])):
     ep = ()
   e = ep or None
   wi, wo = PartitionSpec(e, None, spec[2]), PartitionSpec(e, spec[2], None)
