@@ -382,9 +382,9 @@ def _add_moe_dispatch(c: _Inputs, p, experts, weights) -> None:
     c.add("    dispatch (layout, gather)", layers,
           c.pair(lambda h: moe.blocked_dispatch(h, experts, cfg)[0], (flat,), (0,)), None)
     c.add("    expert matmuls (blocked)", layers,
-          c.pair(lambda p, xs: moe.blocked_expert_mlp(p, xs, block_expert, dt),
+          c.pair(lambda p, xs: moe.blocked_expert_mlp(p, xs, block_expert, cfg),
                  (routed_p, xs), (0, 1)), None)
-    ys = moe.blocked_expert_mlp(routed_p, xs, block_expert, dt)
+    ys = moe.blocked_expert_mlp(routed_p, xs, block_expert, cfg)
     c.add("    combine (gather, weight)", layers,
           c.pair(lambda ys, w: moe.blocked_combine(ys, pos, w), (ys, weights), (0, 1)), None)
   else:

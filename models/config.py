@@ -67,6 +67,7 @@ class ModelConfig:
   attention_impl: str = "auto"
   moe_dispatch: str = "auto"
   moe_block_size: int = 128
+  moe_block_chunk: int = -1
   gdn_precision: str = "highest"
   moe_expert_parallel: str = "auto"
 
@@ -88,6 +89,9 @@ class ModelConfig:
                        f"{self.moe_dispatch!r}")
     if self.moe_block_size < 1:
       raise ValueError(f"moe_block_size must be >= 1, got {self.moe_block_size}")
+    if self.moe_block_chunk < -1:
+      raise ValueError(f"moe_block_chunk must be -1 (auto), 0 (all) or > 0, got "
+                       f"{self.moe_block_chunk}")
     if self.remat not in ("none", "full"):
       raise ValueError(f"remat must be 'none' or 'full', got {self.remat!r}")
     if self.gdn_backward not in ("custom", "autodiff"):

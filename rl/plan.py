@@ -265,7 +265,8 @@ def _moe_bytes(mc, tok: float, ab: int, tw: int) -> dict:
   rows of the expert-blocked layout, padded per expert to whole blocks) the row, its bool mask
   and six [rows, expert_mlp] tensors of the SwiGLU (the two matmuls, the SiLU terms, their
   product), the top-k combined rows, the shared expert's six [tokens, mlp] tensors; working,
-  one expert matrix gathered per block (recomputed in the backward pass)."""
+  one expert matrix gathered per block of a step of the matmul loop (`moe.blocks_per_step`;
+  recomputed in the backward pass)."""
   h, e, k = mc.hidden_size, mc.num_experts, mc.num_experts_per_tok
   f, fs = mc.moe_intermediate_size / tw, mc.shared_expert_intermediate_size / tw
   pairs = max(int(tok) * k, 1)
@@ -274,7 +275,8 @@ def _moe_bytes(mc, tok: float, ab: int, tw: int) -> dict:
   rows = blocks * block
   per_token = h * ab + h * 4 + e * 4 + k * h * ab + 6 * fs * ab
   per_row = h * ab + h + 6 * f * ab
-  return {"kept": per_token * tok + per_row * rows, "working": blocks * h * f * ab}
+  step = moe.blocks_per_step(mc, blocks, (e, h, f), ab)
+  return {"kept": per_token * tok + per_row * rows, "working": step * h * f * ab}
 
 
 def activation_bytes(mc, seq: int, rows: float, tensor_ways: int, length_ways: int = 1,

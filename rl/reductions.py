@@ -121,7 +121,8 @@ def split_micro_batches(tree: Any, num_micro_batches: int) -> Any:
 
 def microbatched_value_and_grad(loss_fn: Callable, params: Any, batch: Any,
                                 num_micro_batches: int,
-                                is_live: Optional[Callable[[Any], jax.Array]] = None):
+                                is_live: Optional[Callable[[Any], jax.Array]] = None,
+                                grad_shardings: Any = None):
   """Sum of value_and_grad(loss_fn) over micro-batches, accumulated in a lax.scan.
 
   Args:
@@ -135,6 +136,10 @@ def microbatched_value_and_grad(loss_fn: Callable, params: Any, batch: Any,
       exactly zero (e.g. no loss token: every weight is 0); its forward and backward are
       skipped (lax.cond), so rows of filtered groups cost nothing once `pack_live_rows` has
       gathered them into whole micro-batches.
+    grad_shardings: optional pytree of shardings like `params`: the float32 gradient
+      accumulator and each micro-batch's gradients are laid out like the parameters they
+      belong to. Left to itself, XLA:GPU kept some of them whole on every device (35B-A3B's
+      stacked expert gradients: 10 GiB a matrix; docs/results.md).
 
   Returns:
     (loss, aux), grads: each the sum over micro-batches (float32 accumulators).
@@ -145,11 +150,18 @@ def microbatched_value_and_grad(loss_fn: Callable, params: Any, batch: Any,
   micro = split_micro_batches(batch, num_micro_batches)
   first = jax.tree.map(lambda x: x[0], micro)
   out_shape = jax.eval_shape(grad_fn, params, first)
-  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.promote_types(s.dtype, jnp.float32)),
-                       out_shape)
+
+  def laid_out(out):
+    if grad_shardings is None:
+      return out
+    value, grads = out
+    return value, jax.lax.with_sharding_constraint(grads, grad_shardings)
+
+  zeros = laid_out(jax.tree.map(
+      lambda s: jnp.zeros(s.shape, jnp.promote_types(s.dtype, jnp.float32)), out_shape))
 
   def computed(mb):
-    return jax.tree.map(lambda z, o: o.astype(z.dtype), zeros, grad_fn(params, mb))
+    return laid_out(jax.tree.map(lambda z, o: o.astype(z.dtype), zeros, grad_fn(params, mb)))
 
   def body(acc, mb):
     if is_live is None:
@@ -159,7 +171,7 @@ def microbatched_value_and_grad(loss_fn: Callable, params: Any, batch: Any,
     return jax.tree.map(lambda a, o: a + o, acc, out), None
 
   acc, _ = jax.lax.scan(body, zeros, micro)
-  return acc
+  return laid_out(acc)
 
 
 def live_rows(rewards, group_ids, valid, loss_mask, filter_zero_variance: bool) -> np.ndarray:

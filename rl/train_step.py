@@ -51,6 +51,7 @@ import ml_collections
 import optax
 
 from models import lora
+from models.layers import moe
 from models import qwen3_5
 from models import sharding
 from models import xla_flags
@@ -206,7 +207,7 @@ def load_balancing_loss(router_logits, num_experts: int, top_k: int) -> jax.Arra
     if r is None:
       continue
     probs = jax.nn.softmax(r.astype(jnp.float32), axis=-1)                # [c, n, e]
-    _, idx = jax.lax.top_k(probs, top_k)
+    _, idx = moe.top_k(probs, top_k)
     f = jax.nn.one_hot(idx, num_experts, dtype=jnp.float32).sum(-2).mean(-2) / top_k  # [c, e]
     p = probs.mean(-2)                                                     # [c, e]
     losses.append(num_experts * (f * p).sum(-1))                           # [c]
@@ -379,7 +380,8 @@ class TrainStep:
     is_live = None if self._router_loss else (lambda mb: mb["loss_mask"].sum() > 0)
     loss = lambda p, mb: self._micro_loss(self.model_params(p, base), mb)
     return reductions.microbatched_value_and_grad(loss, params, mini,
-                                            self.config.train.micro_batches, is_live)
+                                            self.config.train.micro_batches, is_live,
+                                            self.state_shardings["params"])
 
   def batch_logprobs(self, params, tokens, mask=None):
     """Token logprobs [batch, seq] of `tokens` under `params`, one micro-batch at a time (the

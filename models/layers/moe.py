@@ -32,6 +32,7 @@ experts split over the mesh stay split and the tokens move to them (expert paral
               interpreter runs it: tests), for widths that are multiples of 128 (`gmm_fits`).
   auto        per backend, `AUTO_DISPATCH`: `blocked` on cpu and gpu, `gmm` on tpu where it fits.
 """
+import functools
 import math
 
 import jax
@@ -83,24 +84,63 @@ def init(key, cfg: ModelConfig) -> dict:
   return p
 
 
+def axes_of_experts() -> dict:
+  """Logical axes of the routed experts' weights."""
+  return {"wi_gate": ("experts", "embed", "expert_mlp"),
+          "wi_up": ("experts", "embed", "expert_mlp"),
+          "wo": ("experts", "expert_mlp", "embed")}
+
+
 def axes(cfg: ModelConfig) -> dict:
-  a = {
-      "router": ("embed", "experts"),
-      "wi_gate": ("experts", "embed", "expert_mlp"),
-      "wi_up": ("experts", "embed", "expert_mlp"),
-      "wo": ("experts", "expert_mlp", "embed"),
-  }
+  a = {"router": ("embed", "experts"), **axes_of_experts()}
   if cfg.shared_expert_intermediate_size:
     a.update(mlp_axes(prefix="shared_"))
     a["shared_expert_gate"] = ("embed",)
   return a
 
 
+def top_k(probs, k: int):
+  """`jax.lax.top_k` over the last axis as k argmax passes: the same values and indices (in
+  descending order, ties to the lower index), without a sort. Compiled for a GPU without one
+  at hand, XLA:GPU emits its own sort kernels (no CUB), whose code generation took most of a
+  full-size step's compile; k passes over [tokens, experts] cost little beside the layer."""
+  vals, idxs = [], []
+  rest = probs
+  for _ in range(k):
+    i = jnp.argmax(rest, axis=-1)
+    vals.append(jnp.take_along_axis(probs, i[..., None], axis=-1)[..., 0])
+    idxs.append(i.astype(jnp.int32))
+    rest = jnp.where(jnp.arange(probs.shape[-1]) == i[..., None], -jnp.inf, rest)
+  return jnp.stack(vals, -1), jnp.stack(idxs, -1)
+
+
+# `rank_in_group` counts this many one-hot entries (rows x groups) a step of its loop.
+RANK_STEP_ELEMENTS = 2**22
+
+
+def rank_in_group(ids, num_groups: int):
+  """ids int [n] in [0, num_groups) -> (each id's rank among the equal ids before it [n],
+  the group sizes [num_groups]): a stable sort's positions within groups, without a sort
+  (`top_k` says why): running one-hot counts, a loop over steps of rows."""
+  n = ids.shape[0]
+  step = max(1, min(n, RANK_STEP_ELEMENTS // (num_groups + 1)))
+  pad = -n % step
+  ids_s = jnp.pad(ids.astype(jnp.int32), (0, pad), constant_values=num_groups).reshape(-1, step)
+
+  def one_step(counts, ids):
+    within = jnp.cumsum(ids[:, None] == jnp.arange(num_groups + 1), axis=0, dtype=jnp.int32)
+    rank = jnp.take_along_axis(within, ids[:, None], axis=1)[:, 0] - 1 + counts[ids]
+    return counts + within[-1], rank
+
+  counts, ranks = jax.lax.scan(one_step, jnp.zeros((num_groups + 1,), jnp.int32), ids_s)
+  return ranks.reshape(-1)[:n], counts[:num_groups]
+
+
 def route(router_w, x, cfg: ModelConfig):
   """x [tokens, embed] -> (router logits [tokens, experts] f32, weights, expert ids [tokens, k])."""
   logits = jnp.dot(x.astype(jnp.float32), router_w.astype(jnp.float32))
   probs = jax.nn.softmax(logits, axis=-1)
-  weights, experts = jax.lax.top_k(probs, cfg.num_experts_per_tok)
+  weights, experts = top_k(probs, cfg.num_experts_per_tok)
   if cfg.norm_topk_prob:
     weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
   return logits, weights, experts
@@ -187,18 +227,14 @@ def blocked_layout(experts, num_experts: int, block: int):
   num_blocks = max(1, (nk + min(num_experts, nk) * (block - 1)) // block)
   rows = num_blocks * block
   flat = experts.reshape(-1).astype(jnp.int32)
-  order = jnp.argsort(flat, stable=True)                        # pairs grouped by expert
-  group_sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
-  group_starts = jnp.cumsum(group_sizes) - group_sizes
+  rank, group_sizes = rank_in_group(flat, num_experts)          # pairs in order within experts
   group_blocks = (group_sizes + block - 1) // block
   block_ends = jnp.cumsum(group_blocks)                           # [E] first block after e
   padded_starts = (block_ends - group_blocks) * block
-  sorted_experts = flat[order]
-  rank = jnp.arange(nk, dtype=jnp.int32) - group_starts[sorted_experts]
-  pos_sorted = padded_starts[sorted_experts] + rank               # [nk] row of sorted pair
-  pos_of_pair = jnp.zeros((nk,), jnp.int32).at[order].set(pos_sorted, unique_indices=True)
-  row_token = jnp.zeros((rows,), jnp.int32).at[pos_sorted].set(order // k, unique_indices=True)
-  row_valid = jnp.zeros((rows,), bool).at[pos_sorted].set(True, unique_indices=True)
+  pos_of_pair = padded_starts[flat] + rank                        # [nk] row of each pair
+  pair_token = jnp.arange(nk, dtype=jnp.int32) // k
+  row_token = jnp.zeros((rows,), jnp.int32).at[pos_of_pair].set(pair_token, unique_indices=True)
+  row_valid = jnp.zeros((rows,), bool).at[pos_of_pair].set(True, unique_indices=True)
   block_expert = jnp.searchsorted(block_ends, jnp.arange(num_blocks, dtype=jnp.int32), side="right")
   block_expert = jnp.minimum(block_expert, num_experts - 1).astype(jnp.int32)
   return pos_of_pair, row_token, row_valid, block_expert
@@ -209,41 +245,94 @@ def _gather_blocks(w, block_expert):
   return w.at[block_expert].get(indices_are_sorted=True, mode="promise_in_bounds")
 
 
-@jax.custom_vjp
-def _expert_matmul(xs, w, block_expert):
+# `moe_block_chunk=-1` (auto): the blocked matmul gathers at most this many bytes of expert
+# weights at a time. At full size one matrix's per-block copies are GiBs (35B-A3B, 2 rows of
+# 10,240 tokens a device: 1,534 blocks x 2 MiB = 3 GiB a matrix, a dozen of them live in the
+# step's backward on an H200 target; docs/model.md#moe-is-dropless-in-expert-blocks); below
+# this the whole layout is one batched matmul, as on small models.
+BLOCK_GATHER_BYTES = 256 * 2**20
+
+
+def blocks_per_step(cfg: ModelConfig, blocks: int, w_shape, itemsize: int) -> int:
+  """Blocks the blocked matmul takes a step (`cfg.moe_block_chunk`: >0 that many, 0 all,
+  -1 as many as `BLOCK_GATHER_BYTES` of gathered weights hold), at most `blocks`."""
+  if cfg.moe_block_chunk > 0:
+    return min(cfg.moe_block_chunk, blocks)
+  if cfg.moe_block_chunk == 0:
+    return blocks
+  per_block = math.prod(w_shape[1:]) * itemsize
+  return max(1, min(blocks, BLOCK_GATHER_BYTES // per_block))
+
+
+def _in_steps(step: int, xs, block_expert):
+  """xs [blocks, ...], block_expert [blocks] -> [steps, step, ...], [steps, step]: padded to
+  whole steps with zero rows of the last block's expert (the order stays non-decreasing)."""
+  pad = -xs.shape[0] % step
+  xs = jnp.pad(xs, [(0, pad)] + [(0, 0)] * (xs.ndim - 1))
+  block_expert = jnp.concatenate([block_expert, jnp.repeat(block_expert[-1:], pad)])
+  return xs.reshape(-1, step, *xs.shape[1:]), block_expert.reshape(-1, step)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _expert_matmul(xs, w, block_expert, step):
   """xs [blocks, block, d_in] @ w[block_expert] ([experts, d_in, d_out]) -> [blocks, block, d_out].
 
   The weights are gathered per block ([blocks, d_in, d_out]: about n*k/block + E expert
   matrices, i.e. d_out/block times the bytes of xs, plus one per expert) and applied by one
-  batched matmul. The gradient (`_expert_matmul_bwd`) keeps only xs, w and the block experts:
-  the gathered copy is not kept for the backward, which gathers again (memory-bound, 1/(2*block)
-  of the matmul's work).
+  batched matmul, `step` blocks at a time (a loop where step < blocks: the gathered copy is
+  then step blocks' matrices, not the layout's). The gradient (`_expert_matmul_bwd`) keeps
+  only xs, w and the block experts: the gathered copy is not kept for the backward, which
+  gathers again (memory-bound, 1/(2*block) of the matmul's work).
   A loop over experts would hold one expert's weights at a time, but a dropless one has
-  data-dependent group sizes, so it would need a loop over blocks of small matmuls instead.
+  data-dependent group sizes, so the loop is over fixed steps of blocks instead.
   """
-  return jnp.einsum("gbi,gio->gbo", xs, _gather_blocks(w, block_expert))
+  blocks = xs.shape[0]
+  if step >= blocks:
+    return jnp.einsum("gbi,gio->gbo", xs, _gather_blocks(w, block_expert))
+  xs_s, be_s = _in_steps(step, xs, block_expert)
+  ys = jax.lax.map(lambda a: jnp.einsum("gbi,gio->gbo", a[0], _gather_blocks(w, a[1])),
+                   (xs_s, be_s))
+  return ys.reshape(-1, *ys.shape[2:])[:blocks]
 
 
-def _expert_matmul_fwd(xs, w, block_expert):
-  return _expert_matmul(xs, w, block_expert), (xs, w, block_expert)
+def _expert_matmul_fwd(xs, w, block_expert, step):
+  return _expert_matmul(xs, w, block_expert, step), (xs, w, block_expert)
 
 
-def _expert_matmul_bwd(res, dy):
+def _block_grads(xs, dy, wb):
+  """One step's input gradient (against its gathered weights wb) and its blocks' weight
+  gradients, each block's x^T dy rounded once to xs's dtype."""
+  return jnp.einsum("gbo,gio->gbi", dy, wb).astype(xs.dtype), jnp.einsum("gbi,gbo->gio", xs, dy)
+
+
+def _expert_matmul_bwd(step, res, dy):
   """The input gradient against the re-gathered weights; the weight gradient as each block's
   x^T dy (in xs's dtype: [blocks, d_in, d_out] in float32 would hold twice the bytes of the
   gathered weights), summed into its expert by a float32 scatter-add over the sorted block
   experts, then cast to w's dtype. Autodiff of the gather would scatter-add in w's dtype: with
   bfloat16 weights, 16-bit accumulation (a sum of many blocks then loses most of its bits),
-  which XLA:GPU also runs several times slower than float32 (docs/results.md#one-h200)."""
+  which XLA:GPU also runs several times slower than float32 (docs/results.md#one-h200).
+  In steps of `step` blocks the float32 sum is the loop's carry."""
   xs, w, block_expert = res
-  # Gathered again once dy exists (common.after): else XLA may reuse the forward's gathered
-  # copy, keeping it alive from the forward (or remat's recomputed forward) to here.
-  wb = _gather_blocks(*common.after((w, block_expert), dy))
-  dxs = jnp.einsum("gbo,gio->gbi", dy, wb).astype(xs.dtype)
-  dwb = jnp.einsum("gbi,gbo->gio", xs, dy)    # a block's sum, rounded once to xs's dtype
-  dw = jnp.zeros(w.shape, jnp.float32).at[block_expert].add(
-      dwb.astype(jnp.float32), indices_are_sorted=True, mode="promise_in_bounds")
-  return dxs, dw.astype(w.dtype), None
+  blocks = xs.shape[0]
+  add = lambda dw, be, dwb: dw.at[be].add(dwb.astype(jnp.float32), indices_are_sorted=True,
+                                          mode="promise_in_bounds")
+  if step >= blocks:
+    # Gathered again once dy exists (common.after): else XLA may reuse the forward's gathered
+    # copy, keeping it alive from the forward (or remat's recomputed forward) to here.
+    wb = _gather_blocks(*common.after((w, block_expert), dy))
+    dxs, dwb = _block_grads(xs, dy, wb)
+    return dxs, add(jnp.zeros(w.shape, jnp.float32), block_expert, dwb).astype(w.dtype), None
+  xs_s, be_s = _in_steps(step, xs, block_expert)
+  dy_s, _ = _in_steps(step, dy, block_expert)
+
+  def one_step(dw, a):
+    x, g, be = a
+    dx, dwb = _block_grads(x, g, _gather_blocks(w, be))
+    return add(dw, be, dwb), dx
+
+  dw, dxs = jax.lax.scan(one_step, jnp.zeros(w.shape, jnp.float32), (xs_s, dy_s, be_s))
+  return dxs.reshape(-1, *dxs.shape[2:])[:blocks], dw.astype(w.dtype), None
 
 
 _expert_matmul.defvjp(_expert_matmul_fwd, _expert_matmul_bwd)
@@ -259,12 +348,14 @@ def blocked_dispatch(x, experts, cfg: ModelConfig):
   return xs.reshape(block_expert.shape[0], block, x.shape[-1]), layout
 
 
-def blocked_expert_mlp(p, xs, block_expert, dt):
+def blocked_expert_mlp(p, xs, block_expert, cfg: ModelConfig):
   """The SwiGLU of each block's expert: xs [blocks, block, embed] -> [blocks, block, embed]."""
-  gate = _expert_matmul(xs, p["wi_gate"].astype(dt), block_expert)   # [blocks, block, expert_mlp]
-  up = _expert_matmul(xs, p["wi_up"].astype(dt), block_expert)
+  dt = cfg.jnp_dtype
+  step = blocks_per_step(cfg, xs.shape[0], p["wi_gate"].shape, jnp.dtype(dt).itemsize)
+  gate = _expert_matmul(xs, p["wi_gate"].astype(dt), block_expert, step)  # [blocks, block, expert_mlp]
+  up = _expert_matmul(xs, p["wi_up"].astype(dt), block_expert, step)
   act = common.constrain(jax.nn.silu(gate) * up, (None, None, "expert_mlp"))
-  return _expert_matmul(act, p["wo"].astype(dt), block_expert)
+  return _expert_matmul(act, p["wo"].astype(dt), block_expert, step)
 
 
 def blocked_combine(ys, pos_of_pair, weights):
@@ -278,7 +369,7 @@ def blocked_combine(ys, pos_of_pair, weights):
 
 def _blocked_experts(p, x, weights, experts, cfg: ModelConfig):
   xs, (pos_of_pair, _, _, block_expert) = blocked_dispatch(x, experts, cfg)
-  ys = blocked_expert_mlp(p, xs, block_expert, cfg.jnp_dtype)
+  ys = blocked_expert_mlp(p, xs, block_expert, cfg)
   return blocked_combine(ys, pos_of_pair, weights)
 
 
@@ -373,14 +464,38 @@ def _ungroup_tokens(y, b: int, s: int, groups_b: int, groups_s: int):
   return jnp.swapaxes(y, 1, 2).reshape(b, s, *rest)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+def gather_whole(w, dt, whole_axes: tuple, own_axes: tuple):
+  """w in `dt`, laid out by the logical `whole_axes` (e.g. every expert on every device); its
+  gradient goes back in w's dtype laid out by `own_axes` (the parameter's own), i.e. summed
+  over the devices where it arises. Left to itself, XLA kept each device's whole float32
+  gradient of every layer's experts until after the layer scan: [cycles, experts, embed,
+  expert_mlp], 10 GiB a matrix for 35B-A3B, 14 of them on an H200 target (compiler figures,
+  docs/results.md)."""
+  return common.constrain(w.astype(dt), whole_axes)
+
+
+def _gather_whole_fwd(w, dt, whole_axes, own_axes):
+  return gather_whole(w, dt, whole_axes, own_axes), jnp.zeros((0,), w.dtype)
+
+
+def _gather_whole_bwd(dt, whole_axes, own_axes, like, g):
+  return (common.constrain(g.astype(like.dtype), own_axes),)
+
+
+gather_whole.defvjp(_gather_whole_fwd, _gather_whole_bwd)
+
+
 def _routed_grouped(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, groups_s: int, b, s):
   """Routing and routed experts of each token group on its own devices (module docstring)."""
   h = flat.shape[-1]
   xg = _group_tokens(flat.reshape(b, s, h), groups_b, groups_s)
   xg = jax.lax.with_sharding_constraint(xg, PartitionSpec(axes, None, None))
-  # The layer's experts, whole on every device (the `expert_mlp` split stays).
-  experts_w = {k: common.constrain(p[k], (None, None, "expert_mlp") if k != "wo"
-                                   else (None, "expert_mlp", None))
+  # The layer's experts, whole on every device in the compute dtype (the `expert_mlp` split
+  # stays); their gradients back to the experts' own layout at once (`gather_whole`).
+  own = axes_of_experts()
+  experts_w = {k: gather_whole(p[k], cfg.jnp_dtype, (None, None, "expert_mlp") if k != "wo"
+                               else (None, "expert_mlp", None), own[k])
                for k in ("wi_gate", "wi_up", "wo")}
 
   def one_group(x):

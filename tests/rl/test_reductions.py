@@ -238,3 +238,24 @@ def test_dead_micro_batches_are_not_computed():
   (loss, _), grads = reductions.microbatched_value_and_grad(
       _loss_fn, params, batch, 4, is_live=lambda mb: mb["mask"].sum() > 0)
   assert np.isfinite(float(loss)) and all(np.isfinite(np.asarray(g)).all() for g in grads.values())
+
+
+def test_micro_batch_gradients_are_laid_out_like_the_params_they_belong_to():
+  """`grad_shardings`: the accumulated gradients come out with the parameters' shardings (the
+  accumulator and each micro-batch's gradients are constrained to them), equal in value."""
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]), ("fsdp",))
+  spec = jax.sharding.PartitionSpec
+  params = _stand_in_params(d=8)
+  shardings = {"w": jax.sharding.NamedSharding(mesh, spec("fsdp")),
+               "b": jax.sharding.NamedSharding(mesh, spec())}
+  batch = _stand_in_batch(d=8)
+  batch["weights"] = reductions.reduction_weights(batch["mask"], batch["groups"], "token_mean")
+  params = jax.device_put(params, shardings)
+  plain = jax.jit(lambda p, bt: reductions.microbatched_value_and_grad(_loss_fn, p, bt, 4))
+  laid = jax.jit(lambda p, bt: reductions.microbatched_value_and_grad(
+      _loss_fn, p, bt, 4, grad_shardings=shardings))
+  (loss, _), grads = laid(params, batch)
+  (loss_ref, _), grads_ref = plain(params, batch)
+  assert grads["w"].sharding.is_equivalent_to(shardings["w"], 1)
+  np.testing.assert_allclose(float(loss), float(loss_ref), rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(grads["w"]), np.asarray(grads_ref["w"]), rtol=1e-6)

@@ -78,16 +78,17 @@ def test_blocked_dispatch_matches_ragged_dot_outputs_and_gradients(case):
   scale = float(jnp.max(jnp.abs(out_ref)))
   assert scale > 0
   # block 1: a block per row; 8: groups span several blocks, the last one part padding;
-  # 128: the largest block the token count allows (16 rows here, or 8 with top-1).
-  for block in (1, 8, 128):
-    cfg = ref_cfg.replace(moe_dispatch="blocked", moe_block_size=block)
+  # 128: the largest block the token count allows (16 rows here, or 8 with top-1). Chunks:
+  # the matmuls in a loop of that many blocks a step (0: all at once), the last step padded.
+  for block, chunk in ((1, 0), (8, 0), (128, 0), (1, 7), (8, 3)):
+    cfg = ref_cfg.replace(moe_dispatch="blocked", moe_block_size=block, moe_block_chunk=chunk)
     out = jax.jit(lambda p, x, w: moe.routed_experts(p, x, w, experts, cfg))(p, x, weights)
-    np.testing.assert_allclose(out, out_ref, atol=1e-5 * scale, rtol=0, err_msg=f"block {block}")
+    np.testing.assert_allclose(out, out_ref, atol=1e-5 * scale, rtol=0, err_msg=f"block {block} chunk {chunk}")
     g = jax.jit(jax.grad(loss(cfg), argnums=(0, 1, 2)))(p, x, weights)
     for name, a, b in zip(["params", "x", "router weights"], g, g_ref):
       for (path, u), v in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
         tol = 1e-5 * float(jnp.max(jnp.abs(v))) + 1e-12
-        np.testing.assert_allclose(u, v, atol=tol, rtol=0, err_msg=f"block {block}: {name} {path}")
+        np.testing.assert_allclose(u, v, atol=tol, rtol=0, err_msg=f"block {block} chunk {chunk}: {name} {path}")
 
 
 def test_default_dispatch_moe_block_with_router_matches_ragged_dot():
@@ -111,6 +112,31 @@ def test_default_dispatch_moe_block_with_router_matches_ragged_dot():
     np.testing.assert_allclose(u, v, atol=1e-5 * float(jnp.max(jnp.abs(v))), rtol=0)
 
 
+def test_blocked_matmul_loop_holds_a_steps_gathered_weights_not_the_layouts():
+  """The compiled forward+backward of the routed experts: gathering every block's expert
+  matrix at once holds [blocks, embed, expert_mlp] copies (271 blocks x 256 KiB a matrix
+  here); in steps of 8 blocks (`moe_block_chunk`) the temporaries are tens of MiB fewer."""
+  n, num_experts, k = 2048, 16, 2
+  rng = np.random.default_rng(0)
+  experts = jnp.asarray(np.stack([rng.choice(num_experts, k, replace=False) for _ in range(n)]),
+                        jnp.int32)
+  weights = jnp.full((n, k), 0.5, jnp.float32)
+  cfg = _cfg(num_experts, k=k, dispatch="blocked", block=16, hidden=256, mlp=256, shared=0)
+  p = {key: v for key, v in moe.init(jax.random.key(0), cfg).items()
+       if key in ("wi_gate", "wi_up", "wo")}
+  x = jax.random.normal(jax.random.key(1), (n, cfg.hidden_size))
+
+  def temp_bytes(chunk):
+    c = cfg.replace(moe_block_chunk=chunk)
+    grad = jax.grad(lambda p, x: jnp.sum(moe.routed_experts(p, x, weights, experts, c) ** 2),
+                    argnums=(0, 1))
+    return jax.jit(grad).lower(p, x).compile().memory_analysis().temp_size_in_bytes
+
+  whole, steps = temp_bytes(0), temp_bytes(8)
+  per_matrix = 271 * cfg.hidden_size * cfg.moe_intermediate_size * 4
+  assert whole - steps > per_matrix, (whole, steps, per_matrix)
+
+
 def test_block_size_keeps_padded_rows_under_twice_the_pairs():
   for pairs, experts, max_block in [(2048, 8, 128), (2048, 64, 128), (16, 256, 128),
                                     (512, 256, 128), (100_000, 256, 128), (7, 3, 4)]:
@@ -126,6 +152,8 @@ def test_unknown_dispatch_is_rejected_with_its_name():
     _cfg(8, dispatch="grouped")
   with pytest.raises(ValueError, match="moe_block_size"):
     _cfg(8, block=0)
+  with pytest.raises(ValueError, match="moe_block_chunk"):
+    _cfg(8).replace(moe_block_chunk=-2)
 
 
 @pytest.mark.parametrize("rules_kind,dispatch", [("rows", "blocked"),
@@ -179,20 +207,22 @@ def test_on_a_mesh_each_device_routes_its_own_tokens_with_the_same_result(rules_
   assert aot.hlo_costs(hlo)["flops"] < 0.35 * aot.hlo_costs(one)["flops"]
 
 
-def test_blocked_weight_gradient_of_bfloat16_experts_is_summed_in_float32():
+@pytest.mark.parametrize("step", [600, 7])
+def test_blocked_weight_gradient_of_bfloat16_experts_is_summed_in_float32(step):
   """One expert's rows span 600 one-row blocks: its weight gradient is their sum. Each block's
   product may be rounded to bfloat16 once (independent errors of half an ulp, which add up like
   a random walk: ~2^-9 x the root sum of squares of the terms), but the sum runs in float32 and
   is rounded once. A bfloat16 running sum (autodiff of the gather) rounds at every one of the
   600 additions to the ulp of the partial sum: 5.7-9.5x this bound on these seeds, against
-  0.5-0.8x for the float32 sum."""
+  0.5-0.8x for the float32 sum. In steps of 7 blocks (`moe_block_chunk`), the sum is the
+  loop's float32 carry."""
   rng = np.random.default_rng(0)
   g, d_in, d_out, e = 600, 4, 4, 2
   xs = jnp.asarray(rng.normal(size=(g, 1, d_in)), jnp.bfloat16)
   dy = jnp.asarray(rng.normal(size=(g, 1, d_out)), jnp.bfloat16)
   w = jnp.asarray(rng.normal(size=(e, d_in, d_out)), jnp.bfloat16)
   block_expert = jnp.zeros((g,), jnp.int32)          # every block is expert 0's
-  _, vjp = jax.vjp(lambda w: moe._expert_matmul(xs, w, block_expert), w)
+  _, vjp = jax.vjp(lambda w: moe._expert_matmul(xs, w, block_expert, step), w)
   (dw,) = vjp(dy)
   assert dw.dtype == jnp.bfloat16
   terms = jnp.einsum("gbi,gbo->gio", xs.astype(jnp.float32), dy.astype(jnp.float32))
@@ -260,3 +290,41 @@ def test_expert_parallelism_is_chosen_where_the_gathered_tokens_cost_less_than_t
   assert not moe.expert_parallel(mid, 8, 10_240)
   assert moe.expert_parallel(cfg("qwen3_5_35b_a3b", moe_expert_parallel="on"), 8, 10_240)
   assert not moe.expert_parallel(cfg("qwen3_5_397b_a17b", moe_expert_parallel="off"), 8, 640)
+
+
+@pytest.mark.parametrize("shape,k", [((300, 16), 3), ((2, 50, 64), 8), ((40, 8), 8)])
+def test_top_k_without_a_sort_equals_lax_top_k_ties_included(shape, k):
+  rng = np.random.default_rng(0)
+  probs = jax.nn.softmax(jnp.asarray(rng.normal(size=shape), jnp.float32), axis=-1)
+  probs = probs.at[..., 5].set(probs[..., 2])                   # ties: the lower index first
+  vals, idx = moe.top_k(probs, k)
+  ref_vals, ref_idx = jax.lax.top_k(probs, k)
+  np.testing.assert_array_equal(idx, ref_idx)
+  np.testing.assert_array_equal(vals, ref_vals)
+  g = jax.grad(lambda p: jnp.sum(moe.top_k(p, k)[0] * jnp.arange(k)))(probs)
+  g_ref = jax.grad(lambda p: jnp.sum(jax.lax.top_k(p, k)[0] * jnp.arange(k)))(probs)
+  np.testing.assert_array_equal(g, g_ref)
+
+
+@pytest.mark.parametrize("n,groups", [(1, 4), (1000, 7), (5000, 256)])
+def test_rank_in_group_is_a_stable_sorts_position_within_each_group(n, groups):
+  ids = np.random.default_rng(n).integers(0, groups, size=n)
+  rank, sizes = jax.jit(moe.rank_in_group, static_argnums=1)(jnp.asarray(ids), groups)
+  order = np.argsort(ids, kind="stable")
+  starts = np.cumsum(np.bincount(ids, minlength=groups)) - np.bincount(ids, minlength=groups)
+  expected = np.empty(n, np.int64)
+  expected[order] = np.arange(n) - starts[ids[order]]
+  np.testing.assert_array_equal(rank, expected)
+  np.testing.assert_array_equal(sizes, np.bincount(ids, minlength=groups))
+
+
+def test_blocked_moe_forward_and_backward_have_no_sort():
+  """The blocked dispatch's routing and layout compile without a sort (`moe.top_k`,
+  `moe.rank_in_group`): compiled for a GPU from a machine without one, XLA:GPU's own sort
+  kernels made most of a full-size step's compile time."""
+  cfg = _cfg(16, k=4, dispatch="blocked", block=8)
+  p = moe.init(jax.random.key(0), cfg)
+  x = jax.random.normal(jax.random.key(1), (2, 64, cfg.hidden_size))
+  grad = jax.grad(lambda p, x: jnp.sum(moe.forward(p, x, cfg)[0] ** 2), argnums=(0, 1))
+  text = jax.jit(grad).lower(p, x).as_text()
+  assert "stablehlo.sort" not in text and "top_k" not in text
