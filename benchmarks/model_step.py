@@ -378,7 +378,7 @@ def _add_moe_dispatch(c: _Inputs, p, experts, weights) -> None:
   cfg, flat, dt, layers = c.cfg, c.flat, c.dt, c.cfg.num_hidden_layers
   routed_p = {k: p[k] for k in ("wi_gate", "wi_up", "wo")}
   if moe.dispatch_of(cfg) == "blocked":
-    xs, (pos, _, _, block_expert) = moe.blocked_dispatch(flat, experts, cfg)
+    xs, (pos, _, _, block_expert, _) = moe.blocked_dispatch(flat, experts, cfg)
     c.add("    dispatch (layout, gather)", layers,
           c.pair(lambda h: moe.blocked_dispatch(h, experts, cfg)[0], (flat,), (0,)), None)
     c.add("    expert matmuls (blocked)", layers,

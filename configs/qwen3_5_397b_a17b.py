@@ -24,7 +24,7 @@ from configs import report_recipe
 from models import sharding
 
 
-LAYOUTS = ("", "v5p512")
+LAYOUTS = ("", "v5p512", "h200x128")
 
 
 def get_config(arg=None):
@@ -39,11 +39,17 @@ def get_config(arg=None):
   # that takes a device: --mode=plan, docs/results.md#memory-plans-of-the-full-size-configs.
   c.train.micro_batches = 128
   c.plan.num_devices = 64
-  if layout == "v5p512":
-    c.mesh.shape = (4, 8, 8, 1)      # 256 chips: 4 rows at a time, each over 64
+  if layout in ("v5p512", "h200x128"):
+    # Each row over 64 devices (`fsdp` x `expert`), rows side by side over `data`, the weights
+    # FSDP over all three (an expert weight over `data` x `fsdp`, its experts over `expert`).
     c.mesh.rules = sharding.with_targets(c.mesh.rules, embed=[("data", "fsdp", "expert"),
                                                               ("data", "fsdp")])
+  if layout == "v5p512":
+    c.mesh.shape = (4, 8, 8, 1)      # 256 chips: 4 rows at a time, each over 64
     c.train.micro_batches = 64       # 256 rows / 64 = 4 a micro-batch, one a `data` group
     c.plan.num_devices = 256
     c.plan.device_kind, c.plan.device_memory_gib = "TPU v5p", 95
+  if layout == "h200x128":
+    c.mesh.shape = (2, 8, 8, 1)      # 16 nodes of 8 H200: 2 rows at a time, each over 64
+    c.plan.num_devices = 128         # 128 micro-batches of 2 rows, one a `data` group
   return c

@@ -12,8 +12,12 @@ def constrain(x: jax.Array, logical_axes: tuple) -> jax.Array:
   """Hints the sharding of an activation by logical axis names.
 
   A no-op unless the caller has installed rules (`nn.logical_axis_rules`) and a mesh, so the
-  model runs unchanged on one device.
+  model runs unchanged on one device, and inside a `shard_map` over every mesh axis (each
+  device's own shard: nothing left to lay out).
   """
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty and all(t == jax.sharding.AxisType.Manual for t in mesh.axis_types):
+    return x
   return nn.with_logical_constraint(x, logical_axes)
 
 

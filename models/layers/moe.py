@@ -205,20 +205,24 @@ def block_size(num_pairs: int, num_experts: int, max_block: int) -> int:
   return max(1, min(max_block, b))
 
 
-def blocked_layout(experts, num_experts: int, block: int):
+def blocked_layout(experts, num_experts: int, block: int, first_expert=None):
   """Where each (token, slot) pair goes in the expert-blocked row layout.
 
   Args:
     experts: int [tokens, k] expert ids.
-    num_experts: E.
+    num_experts: E, the experts laid out.
     block: rows per block.
+    first_expert: None, or the id of the first of the E experts laid out (a device's share
+      under expert parallelism): pairs routed to other experts get no row.
 
   Returns:
-    pos_of_pair: int [tokens * k] row of each pair (in token-major order).
+    pos_of_pair: int [tokens * k] row of each pair (in token-major order); `rows` (out of
+      range) for a pair of another device's expert.
     row_token: int [rows] the token whose input each row holds (0 for padding rows).
     row_valid: bool [rows] False on padding rows.
     block_expert: int [blocks] the expert of each block, non-decreasing (padding-only blocks at
       the end get the last expert; their rows are zero).
+    used_blocks: int scalar, the blocks holding rows (the rest are padding).
   The static row count is blocks * block with blocks = (n*k + min(E, n*k) * (block - 1)) // block,
   the most that sum_e ceil(group_e / block) can be.
   """
@@ -227,17 +231,27 @@ def blocked_layout(experts, num_experts: int, block: int):
   num_blocks = max(1, (nk + min(num_experts, nk) * (block - 1)) // block)
   rows = num_blocks * block
   flat = experts.reshape(-1).astype(jnp.int32)
-  rank, group_sizes = rank_in_group(flat, num_experts)          # pairs in order within experts
+  if first_expert is None:
+    mine = None
+  else:
+    flat = flat - first_expert
+    mine = (flat >= 0) & (flat < num_experts)
+    flat = jnp.where(mine, flat, num_experts)                     # others: one more group
+  rank, group_sizes = rank_in_group(flat, num_experts + (mine is not None))
+  group_sizes = group_sizes[:num_experts]                         # pairs in order within experts
   group_blocks = (group_sizes + block - 1) // block
   block_ends = jnp.cumsum(group_blocks)                           # [E] first block after e
   padded_starts = (block_ends - group_blocks) * block
-  pos_of_pair = padded_starts[flat] + rank                        # [nk] row of each pair
+  pos_of_pair = padded_starts[jnp.minimum(flat, num_experts - 1)] + rank   # [nk] row of each pair
+  if mine is not None:
+    pos_of_pair = jnp.where(mine, pos_of_pair, rows)
   pair_token = jnp.arange(nk, dtype=jnp.int32) // k
-  row_token = jnp.zeros((rows,), jnp.int32).at[pos_of_pair].set(pair_token, unique_indices=True)
-  row_valid = jnp.zeros((rows,), bool).at[pos_of_pair].set(True, unique_indices=True)
+  row_token = jnp.zeros((rows,), jnp.int32).at[pos_of_pair].set(pair_token, unique_indices=True,
+                                                                mode="drop")
+  row_valid = jnp.zeros((rows,), bool).at[pos_of_pair].set(True, unique_indices=True, mode="drop")
   block_expert = jnp.searchsorted(block_ends, jnp.arange(num_blocks, dtype=jnp.int32), side="right")
   block_expert = jnp.minimum(block_expert, num_experts - 1).astype(jnp.int32)
-  return pos_of_pair, row_token, row_valid, block_expert
+  return pos_of_pair, row_token, row_valid, block_expert, block_ends[-1]
 
 
 def _gather_blocks(w, block_expert):
@@ -273,16 +287,22 @@ def _in_steps(step: int, xs, block_expert):
   return xs.reshape(-1, step, *xs.shape[1:]), block_expert.reshape(-1, step)
 
 
+def _steps_used(step: int, steps: int, used_blocks):
+  """Steps of `step` blocks holding rows: all `steps`, or those up to `used_blocks`."""
+  return steps if used_blocks is None else (used_blocks + step - 1) // step
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _expert_matmul(xs, w, block_expert, step):
+def _expert_matmul(xs, w, block_expert, step, used_blocks=None):
   """xs [blocks, block, d_in] @ w[block_expert] ([experts, d_in, d_out]) -> [blocks, block, d_out].
 
   The weights are gathered per block ([blocks, d_in, d_out]: about n*k/block + E expert
   matrices, i.e. d_out/block times the bytes of xs, plus one per expert) and applied by one
   batched matmul, `step` blocks at a time (a loop where step < blocks: the gathered copy is
-  then step blocks' matrices, not the layout's). The gradient (`_expert_matmul_bwd`) keeps
-  only xs, w and the block experts: the gathered copy is not kept for the backward, which
-  gathers again (memory-bound, 1/(2*block) of the matmul's work).
+  then step blocks' matrices, not the layout's). The loop stops after `used_blocks` (a traced
+  count, optional): the blocks after it hold no row, their outputs are zero. The gradient
+  (`_expert_matmul_bwd`) keeps only xs, w and the block experts: the gathered copy is not kept
+  for the backward, which gathers again (memory-bound, 1/(2*block) of the matmul's work).
   A loop over experts would hold one expert's weights at a time, but a dropless one has
   data-dependent group sizes, so the loop is over fixed steps of blocks instead.
   """
@@ -290,13 +310,18 @@ def _expert_matmul(xs, w, block_expert, step):
   if step >= blocks:
     return jnp.einsum("gbi,gio->gbo", xs, _gather_blocks(w, block_expert))
   xs_s, be_s = _in_steps(step, xs, block_expert)
-  ys = jax.lax.map(lambda a: jnp.einsum("gbi,gio->gbo", a[0], _gather_blocks(w, a[1])),
-                   (xs_s, be_s))
+
+  def one_step(i, ys):
+    return ys.at[i].set(jnp.einsum("gbi,gio->gbo", xs_s[i], _gather_blocks(w, be_s[i])))
+
+  ys = jnp.zeros(xs_s.shape[:3] + (w.shape[2],), xs.dtype)
+  ys = jax.lax.fori_loop(0, _steps_used(step, xs_s.shape[0], used_blocks), one_step, ys)
   return ys.reshape(-1, *ys.shape[2:])[:blocks]
 
 
-def _expert_matmul_fwd(xs, w, block_expert, step):
-  return _expert_matmul(xs, w, block_expert, step), (xs, w, block_expert)
+def _expert_matmul_fwd(xs, w, block_expert, step, used_blocks=None):
+  return (_expert_matmul(xs, w, block_expert, step, used_blocks),
+          (xs, w, block_expert, used_blocks))
 
 
 def _block_grads(xs, dy, wb):
@@ -313,7 +338,7 @@ def _expert_matmul_bwd(step, res, dy):
   bfloat16 weights, 16-bit accumulation (a sum of many blocks then loses most of its bits),
   which XLA:GPU also runs several times slower than float32 (docs/results.md#one-h200).
   In steps of `step` blocks the float32 sum is the loop's carry."""
-  xs, w, block_expert = res
+  xs, w, block_expert, used_blocks = res
   blocks = xs.shape[0]
   add = lambda dw, be, dwb: dw.at[be].add(dwb.astype(jnp.float32), indices_are_sorted=True,
                                           mode="promise_in_bounds")
@@ -322,54 +347,66 @@ def _expert_matmul_bwd(step, res, dy):
     # copy, keeping it alive from the forward (or remat's recomputed forward) to here.
     wb = _gather_blocks(*common.after((w, block_expert), dy))
     dxs, dwb = _block_grads(xs, dy, wb)
-    return dxs, add(jnp.zeros(w.shape, jnp.float32), block_expert, dwb).astype(w.dtype), None
+    dw = add(jnp.zeros(w.shape, jnp.float32), block_expert, dwb).astype(w.dtype)
+    return dxs, dw, None, None
   xs_s, be_s = _in_steps(step, xs, block_expert)
   dy_s, _ = _in_steps(step, dy, block_expert)
 
-  def one_step(dw, a):
-    x, g, be = a
-    dx, dwb = _block_grads(x, g, _gather_blocks(w, be))
-    return add(dw, be, dwb), dx
+  def one_step(i, carry):
+    dxs, dw = carry
+    dx, dwb = _block_grads(xs_s[i], dy_s[i], _gather_blocks(w, be_s[i]))
+    return dxs.at[i].set(dx), add(dw, be_s[i], dwb)
 
-  dw, dxs = jax.lax.scan(one_step, jnp.zeros(w.shape, jnp.float32), (xs_s, dy_s, be_s))
-  return dxs.reshape(-1, *dxs.shape[2:])[:blocks], dw.astype(w.dtype), None
+  dxs, dw = jax.lax.fori_loop(0, _steps_used(step, xs_s.shape[0], used_blocks), one_step,
+                              (jnp.zeros_like(xs_s), jnp.zeros(w.shape, jnp.float32)))
+  return dxs.reshape(-1, *dxs.shape[2:])[:blocks], dw.astype(w.dtype), None, None
 
 
 _expert_matmul.defvjp(_expert_matmul_fwd, _expert_matmul_bwd)
 
 
-def blocked_dispatch(x, experts, cfg: ModelConfig):
-  """x [tokens, embed] -> (rows [blocks, block, embed], layout): `blocked_layout` and the gather."""
+def blocked_dispatch(x, experts, cfg: ModelConfig, num_experts=None, first_expert=None):
+  """x [tokens, embed] -> (rows [blocks, block, embed], layout): `blocked_layout` and the
+  gather, over `num_experts` (default all) experts from `first_expert`."""
   n, k = experts.shape
-  block = block_size(n * k, cfg.num_experts, cfg.moe_block_size)
-  layout = blocked_layout(experts, cfg.num_experts, block)
-  _, row_token, row_valid, block_expert = layout
+  num_experts = num_experts or cfg.num_experts
+  block = block_size(n * k, num_experts, cfg.moe_block_size)
+  layout = blocked_layout(experts, num_experts, block, first_expert)
+  _, row_token, row_valid, block_expert, _ = layout
   xs = jnp.where(row_valid[:, None], x.astype(cfg.jnp_dtype)[row_token], 0)
   return xs.reshape(block_expert.shape[0], block, x.shape[-1]), layout
 
 
-def blocked_expert_mlp(p, xs, block_expert, cfg: ModelConfig):
-  """The SwiGLU of each block's expert: xs [blocks, block, embed] -> [blocks, block, embed]."""
+def blocked_expert_mlp(p, xs, block_expert, cfg: ModelConfig, used_blocks=None):
+  """The SwiGLU of each block's expert: xs [blocks, block, embed] -> [blocks, block, embed]
+  (blocks after `used_blocks`, when given, are not computed: zeros)."""
   dt = cfg.jnp_dtype
   step = blocks_per_step(cfg, xs.shape[0], p["wi_gate"].shape, jnp.dtype(dt).itemsize)
-  gate = _expert_matmul(xs, p["wi_gate"].astype(dt), block_expert, step)  # [blocks, block, expert_mlp]
-  up = _expert_matmul(xs, p["wi_up"].astype(dt), block_expert, step)
+  mm = lambda a, w: _expert_matmul(a, w.astype(dt), block_expert, step, used_blocks)
+  gate, up = mm(xs, p["wi_gate"]), mm(xs, p["wi_up"])         # [blocks, block, expert_mlp]
   act = common.constrain(jax.nn.silu(gate) * up, (None, None, "expert_mlp"))
-  return _expert_matmul(act, p["wo"].astype(dt), block_expert, step)
+  return mm(act, p["wo"])
 
 
 def blocked_combine(ys, pos_of_pair, weights):
-  """ys [blocks, block, embed] -> [tokens, embed]: each token's k rows, weighted and summed."""
+  """ys [blocks, block, embed] -> [tokens, embed]: each token's k rows, weighted and summed (a
+  pair without a row, `pos_of_pair` out of range, adds zero)."""
   n, k = weights.shape
   h = ys.shape[-1]
   ys = ys.reshape(-1, h)
-  ys_pairs = ys.at[pos_of_pair].get(unique_indices=True, mode="promise_in_bounds").reshape(n, k, h)
-  return jnp.einsum("nkh,nk->nh", ys_pairs, weights.astype(ys.dtype))
+  ys_pairs = ys.at[pos_of_pair].get(unique_indices=True, mode="fill", fill_value=0)
+  return jnp.einsum("nkh,nk->nh", ys_pairs.reshape(n, k, h), weights.astype(ys.dtype))
 
 
-def _blocked_experts(p, x, weights, experts, cfg: ModelConfig):
-  xs, (pos_of_pair, _, _, block_expert) = blocked_dispatch(x, experts, cfg)
-  ys = blocked_expert_mlp(p, xs, block_expert, cfg)
+def _blocked_experts(p, x, weights, experts, cfg: ModelConfig, first_expert=None):
+  """The blocked dispatch, SwiGLU and combine. With `first_expert`, p holds only the experts
+  from there on (a device's share under expert parallelism): only their pairs get rows, the
+  matmul loop stops after their blocks, and the result is this share's part of each token's
+  sum."""
+  num_experts = p["wi_gate"].shape[0] if first_expert is not None else None
+  xs, (pos_of_pair, _, _, block_expert, used) = blocked_dispatch(x, experts, cfg, num_experts,
+                                                                 first_expert)
+  ys = blocked_expert_mlp(p, xs, block_expert, cfg, used if first_expert is not None else None)
   return blocked_combine(ys, pos_of_pair, weights)
 
 
@@ -526,17 +563,39 @@ def expert_parallel(cfg: ModelConfig, ways: int, tokens: int) -> bool:
   return rows < EP_AUTO_ROWS_PER_EXPERT_WIDTH * cfg.num_experts * cfg.moe_intermediate_size
 
 
+def _experts_spec(p) -> PartitionSpec:
+  """The mesh layout of the experts' [experts, embed, expert_mlp] weights under the current
+  rules (their `embed` dimension left out: gathered wherever the experts are used)."""
+  rules = sharding.rules_from_config(nn.get_logical_axis_rules())
+  return sharding.logical_to_spec(("experts", None, "expert_mlp"), rules,
+                                  jax.sharding.get_abstract_mesh(), p["wi_gate"].shape)
+
+
+def _expert_parallel_axes(p, cfg: ModelConfig, axes: tuple, tokens: int) -> tuple:
+  """The mesh axes a device's `tokens` move over to the devices holding their experts, or ()
+  where the experts are gathered to the tokens instead: tokens move only where the expert axes
+  split the tokens too (otherwise those devices hold the same tokens) and `expert_parallel`
+  says so."""
+  mesh = jax.sharding.get_abstract_mesh()
+  ep = tuple(a for a in sharding.target_axes(_experts_spec(p)[0]) if mesh.shape[a] > 1)
+  if ep and set(ep) <= set(axes) and expert_parallel(
+      cfg, math.prod(mesh.shape[a] for a in ep), tokens):
+    return ep
+  return ()
+
+
 def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, groups_s: int, b, s):
-  """`_routed_grouped` for the `gmm` dispatch: the token groups as a `shard_map` over their mesh
-  axes, since XLA does not partition a Pallas kernel (a vmap with spmd_axis_name is not enough).
-  Each device routes its own tokens against the whole router.
+  """`_routed_grouped` as a `shard_map` over the token groups' mesh axes: for the `gmm`
+  dispatch, since XLA does not partition a Pallas kernel (a vmap with spmd_axis_name is not
+  enough), and for `blocked` under expert parallelism. Each device routes its own tokens
+  against the whole router.
 
   Expert parallelism: where the `experts` rule splits the experts over mesh axes that also
   split the tokens, the tokens move to the experts instead of the experts to the tokens. Each
   device keeps its share of the experts (gathered only over the axes that split their other
   dimensions, like FSDP's weights) and gathers the tokens of the devices that share its
   position on the expert axes (with their routing): the grouped matmul runs only the pairs
-  routed to its experts (`_gmm`'s first_group) and the partial sums go back to the tokens'
+  routed to its experts (`_gmm`'s first_group; the blocked loop stops after their blocks) and the partial sums go back to the tokens'
   devices summed (a reduce-scatter, in float32), where `expert_parallel` says so. Nothing is
   dropped: every pair is computed once, on the device holding its expert, and a device's
   matmul rows are its experts' share of the gathered pairs. The bytes moved a layer are the tokens' activations times the expert
@@ -545,20 +604,16 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
   (their `expert_mlp` split stays: the down projection's partial sums are added over it)."""
   h = flat.shape[-1]
   mesh = jax.sharding.get_abstract_mesh()
-  rules = sharding.rules_from_config(nn.get_logical_axis_rules())
-  spec = sharding.logical_to_spec(("experts", None, "expert_mlp"), rules, mesh, p["wi_gate"].shape)
+  spec = _experts_spec(p)
   mlp_axes = sharding.target_axes(spec[2])
   if set(mlp_axes) & set(axes):
-    raise ValueError(f"moe_dispatch='gmm': the expert_mlp axes {mlp_axes} also split the tokens")
-  ep = tuple(a for a in sharding.target_axes(spec[0]) if mesh.shape[a] > 1)
+    raise ValueError(f"moe_dispatch={cfg.moe_dispatch!r}: the expert_mlp axes {mlp_axes} also "
+                     "split the tokens")
   xg = _group_tokens(flat.reshape(b, s, h), groups_b, groups_s)
-  # Tokens move to the experts only where the expert axes split the tokens too (otherwise those
-  # devices hold the same tokens) and `expert_parallel` says so; else the experts are gathered.
-  if not (set(ep) <= set(axes)
-          and expert_parallel(cfg, math.prod(mesh.shape[a] for a in ep), xg.shape[1])):
-    ep = ()
+  ep = _expert_parallel_axes(p, cfg, axes, xg.shape[1])
   e = ep or None
   wi, wo = PartitionSpec(e, None, spec[2]), PartitionSpec(e, spec[2], None)
+  experts_of = _gmm_experts if dispatch_of(cfg) == "gmm" else _blocked_experts
 
   def local(x, router, wi_gate, wi_up, w_out):
     logits, weights, experts = route(router, x[0], cfg)
@@ -566,11 +621,11 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
     if ep:
       gather = lambda a: jax.lax.all_gather(a, ep, axis=0, tiled=True)
       first = jax.lax.axis_index(ep) * wi_gate.shape[0]
-      part = _gmm_experts(w, gather(x[0]), gather(weights), gather(experts), cfg, first)
+      part = experts_of(w, gather(x[0]), gather(weights), gather(experts), cfg, first)
       out = jax.lax.psum_scatter(part.astype(jnp.float32), ep, scatter_dimension=0,
                                  tiled=True).astype(part.dtype)
     else:
-      out = _gmm_experts(w, x[0], weights, experts, cfg)
+      out = experts_of(w, x[0], weights, experts, cfg)
     if mlp_axes:
       out = jax.lax.psum(out, mlp_axes)
     return out[None], logits[None]
@@ -592,7 +647,9 @@ def forward(p, x, cfg: ModelConfig):
   axes, groups_b, groups_s = common.token_groups(x.shape)
   dispatch = dispatch_of(cfg)
   if axes and dispatch in ("blocked", "gmm"):
-    grouped = _routed_sharded if dispatch == "gmm" else _routed_grouped
+    sharded = dispatch == "gmm" or _expert_parallel_axes(p, cfg, axes,
+                                                         b * s // (groups_b * groups_s))
+    grouped = _routed_sharded if sharded else _routed_grouped
     with jax.named_scope("routed"):
       out, logits = grouped(p, flat, cfg, axes, groups_b, groups_s, b, s)
   else:

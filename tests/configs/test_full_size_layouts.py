@@ -38,3 +38,13 @@ def test_the_397b_v5p512_layout_splits_rows_over_64_chips_and_weights_over_all()
 def test_an_unknown_layout_names_the_known_ones():
   with pytest.raises(Exception, match="v5p512"):
     _resolve("configs/qwen3_5_397b_a17b.py:v5p1024")
+
+
+def test_the_397b_h200x128_layout_splits_rows_over_64_gpus_two_side_by_side():
+  c = _resolve("configs/qwen3_5_397b_a17b.py:h200x128")
+  assert tuple(c.mesh.shape) == (2, 8, 8, 1) and c.plan.num_devices == 128
+  embed = [t for name, t in sharding.rules_from_config(c.mesh.rules) if name == "embed"]
+  assert embed == [("data", "fsdp", "expert"), ("data", "fsdp")]
+  rows = c.train.prompts_per_step * c.train.samples_per_prompt
+  assert rows // c.train.micro_batches == 2          # one row a `data` group
+  assert c.plan.device_kind == _resolve("configs/qwen3_5_397b_a17b.py").plan.device_kind

@@ -156,20 +156,27 @@ def test_unknown_dispatch_is_rejected_with_its_name():
     _cfg(8).replace(moe_block_chunk=-2)
 
 
-@pytest.mark.parametrize("rules_kind,dispatch", [("rows", "blocked"),
-                                                 ("context_parallel", "blocked"),
-                                                 ("rows", "gmm"), ("context_parallel", "gmm")])
-def test_on_a_mesh_each_device_routes_its_own_tokens_with_the_same_result(rules_kind, dispatch):
+@pytest.mark.parametrize("rules_kind,dispatch,ep", [("rows", "blocked", "off"),
+                                                    ("context_parallel", "blocked", "off"),
+                                                    ("rows", "blocked", "on"),
+                                                    ("context_parallel", "blocked", "on"),
+                                                    ("rows", "gmm", "auto"),
+                                                    ("context_parallel", "gmm", "auto")])
+def test_on_a_mesh_each_device_routes_its_own_tokens_with_the_same_result(rules_kind, dispatch,
+                                                                          ep):
   """Under a mesh the tokens are routed and dispatched in the groups the mesh holds them in
   (8 here: rows over data x fsdp x expert, or with context parallelism each row's positions
   over fsdp x expert): outputs, router logits and gradients equal the one-group computation,
   and the compiled program's matmul FLOPs do not grow with the number of groups (no device
-  computes another device's tokens). With `gmm`, the experts split over `expert` stay split:
-  the tokens move to them (expert parallelism)."""
+  computes another device's tokens). With expert parallelism (`gmm` here by `auto`; `blocked`
+  with `on`, its matmuls in a loop of 2 blocks a step that stops after the device's experts'
+  blocks), the experts split over `expert` stay split: the tokens move to them."""
   from jax.sharding import NamedSharding
   from models import aot
   from models import sharding
-  cfg = _cfg(16, k=2, block=16, dispatch=dispatch)
+  cfg = _cfg(16, k=2, block=16, dispatch=dispatch).replace(moe_expert_parallel=ep)
+  if ep == "on":
+    cfg = cfg.replace(moe_block_chunk=2)
   p = moe.init(jax.random.key(0), cfg)
   x = jax.random.normal(jax.random.key(1), (8, 32, cfg.hidden_size))
   loss = lambda p, x: jnp.sum(moe.forward(p, x, cfg)[0] ** 2) + jnp.sum(moe.forward(p, x, cfg)[1])
@@ -195,7 +202,7 @@ def test_on_a_mesh_each_device_routes_its_own_tokens_with_the_same_result(rules_
   np.testing.assert_allclose(logits, ref_logits, rtol=1e-5, atol=1e-5)
   for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
     np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
-  if dispatch == "gmm":   # here Pallas' interpreter, whose loops are no measure of the kernel's work
+  if ep != "off":   # gmm: Pallas' interpreter, whose loops are no measure of the kernel's work
     # Expert parallelism: each device gathers its share of the experts (16 over `expert`'s 2
     # ways: 8), never all 16; the tokens come to them instead.
     gathered = [l for l in hlo.splitlines() if "all-gather(" in l]
