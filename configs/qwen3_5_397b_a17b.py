@@ -15,6 +15,12 @@ docs/results.md#full-size-programs-compiled-for-their-targets). Each row over 64
 heads cannot split and XLA holds whole rows of them, 130 GiB a chip), 4 rows a micro-batch
 over `data`, and the weights FSDP over `data` x `fsdp` x `expert` (an expert weight over `data` x
 `fsdp`, its experts over `expert`).
+On 64 H200s the step does not fit (205.8 GiB a GPU compiled, 69.7 of them float32 masters and
+AdamW moments); the layout `h200x128`, 16 nodes of 8 H200, fits (110.6 GiB of 141):
+
+  python launch.py --mode=compile --config=configs/qwen3_5_397b_a17b.py:h200x128 --config.compile.target=h200:16x8
+
+rows as in `v5p512`, 2 at a time over `data`, the weights over all 128 GPUs (~1.5 minutes).
 Several hosts: the rollout servers run as their own jobs (`launch.py --mode=serve
 --config.rollout.mesh_shape=...` on each; `rollout.servers` and `rollout.weights_dir` for the
 trainer): an in-process engine serves from one process only (rl/rollout/README.md).
