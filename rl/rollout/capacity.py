@@ -138,7 +138,20 @@ def engine_slots(config, num_devices: int = 0) -> int:
     raise ValueError(f"no decode slot of {p.context_len} tokens is left: {p.free_bytes / GIB:.1f} "
                      f"GiB free after weights, {p.bytes_per_seq / GIB:.2f} GiB per sequence, "
                      f"room for {p.per_engine} sequences, of which rollout.turn_cache keeps {kept}")
-  return int(min(p.per_engine - kept, config.rollout.max_slots))
+  return slots_the_mesh_splits(config, min(p.per_engine - kept, config.rollout.max_slots),
+                               num_devices)
+
+
+def slots_the_mesh_splits(config, slots: int, num_devices: int = 0) -> int:
+  """`slots` rounded down to a multiple of the engine mesh's ways over the decode state's
+  `batch` axis, where there are at least that many. A count the ways do not divide leaves every
+  slot's state whole on every device: 35B-A3B's 49 planner slots on 8 H200s compiled to 160.6
+  GiB a GPU of generate arguments where the planner counts 27.1 (32 slots: 20.5 both;
+  docs/results.md)."""
+  shape = dict(zip(config.mesh.axes, engine_mesh_shape(config, num_devices or jax.device_count())))
+  rules = sharding.without_context_parallel(config.mesh.rules)     # the engine's (engine.py)
+  ways = math.prod(shape.get(a, 1) for a in sharding.rule_axes(rules, "batch"))
+  return int(slots - slots % ways if slots >= ways else slots)
 
 
 # The report's rollout layouts (Mercor x SkyRL): bf16 weights and caches, 160k context.
