@@ -7,8 +7,8 @@ MoE params (shapes with logical names):
   shared_gate_proj, shared_up_proj [embed, mlp]; shared_down_proj [mlp, embed]
   shared_expert_gate [embed]                  the shared expert is scaled by sigmoid(x . w)
 
-Routing is dropless: the (token, slot) pairs are sorted by expert and no token is ever dropped
-for capacity.
+Routing is dropless: the (token, slot) pairs are grouped by expert and no token is ever
+dropped for capacity. The top-k and the blocked layout use no sort (`top_k`, `rank_in_group`).
 
 On a device mesh the tokens are routed where they live: `forward` splits them into the groups
 the mesh holds them in (one group per device of the batch and length axes: rows, and with
@@ -17,15 +17,15 @@ context parallelism the parts of a row) and sorts and dispatches each group on i
 matmuls are over its own tokens' rows: the compiled FLOPs are those of the tokens, not of the
 tokens times the devices. With `blocked` and `ragged_dot` the expert weights are gathered
 whole for the layer (like FSDP's weights; their `expert_mlp` split stays), so tokens never
-move; the gradient of the gathered copy is reduced back to each device's experts. With `gmm`,
-experts split over the mesh stay split and the tokens move to them (expert parallelism,
-`_routed_sharded`). One group (no mesh, one device) is the plain computation. `cfg.moe_dispatch` picks how the sorted rows meet the expert weights:
+move; the gradient of the gathered copy is reduced back to each device's experts at once
+(`gather_whole`). With `gmm`, and with `blocked` where `expert_parallel` says so, experts split
+over the mesh stay split and the tokens move to them (expert parallelism, `_routed_sharded`). One group (no mesh, one device) is the plain computation. `cfg.moe_dispatch` picks how the sorted rows meet the expert weights:
   ragged_dot  each expert's rows are one group of `jax.lax.ragged_dot`. XLA:CPU expands it to
               every row against every expert, so its cost grows with the number of experts.
   blocked     each expert's rows start at a block boundary and are padded to whole blocks of
               `block_size(...)` rows; every block belongs to one expert, whose weights are
-              gathered per block ([blocks, embed, expert_mlp]) and applied by one batched
-              matmul. Padding rows are zero and never read back, so results and gradients are
+              gathered per block ([blocks, embed, expert_mlp]) and applied by a batched
+              matmul, `blocks_per_step` blocks at a time. Padding rows are zero and never read back, so results and gradients are
               those of the exact computation. Cost: rows <= n*k + min(E, n*k) * (block - 1).
   gmm         each expert's rows against its weights by jax's grouped-matmul kernel for TPU
               (Pallas `megablox`): no per-block weight copies. On TPU only (elsewhere Pallas'
