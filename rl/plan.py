@@ -275,7 +275,8 @@ def _moe_bytes(mc, tok: float, ab: int, tw: int) -> dict:
   rows = blocks * block
   per_token = h * ab + h * 4 + e * 4 + k * h * ab + 6 * fs * ab
   per_row = h * ab + h + 6 * f * ab
-  step = moe.blocks_per_step(mc, blocks, (e, h, f), ab)
+  # The step as the model picks it, from the whole weight's shape (the grouped dispatch's).
+  step = moe.blocks_per_step(mc, blocks, (e, h, mc.moe_intermediate_size), ab)
   return {"kept": per_token * tok + per_row * rows, "working": step * h * f * ab}
 
 

@@ -403,9 +403,8 @@ def _blocked_experts(p, x, weights, experts, cfg: ModelConfig, first_expert=None
   from there on (a device's share under expert parallelism): only their pairs get rows, the
   matmul loop stops after their blocks, and the result is this share's part of each token's
   sum."""
-  num_experts = p["wi_gate"].shape[0] if first_expert is not None else None
-  xs, (pos_of_pair, _, _, block_expert, used) = blocked_dispatch(x, experts, cfg, num_experts,
-                                                                 first_expert)
+  xs, (pos_of_pair, _, _, block_expert, used) = blocked_dispatch(
+      x, experts, cfg, p["wi_gate"].shape[0], first_expert)
   ys = blocked_expert_mlp(p, xs, block_expert, cfg, used if first_expert is not None else None)
   return blocked_combine(ys, pos_of_pair, weights)
 
@@ -584,7 +583,8 @@ def _expert_parallel_axes(p, cfg: ModelConfig, axes: tuple, tokens: int) -> tupl
   return ()
 
 
-def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, groups_s: int, b, s):
+def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, groups_s: int, b, s,
+                    ep: tuple):
   """`_routed_grouped` as a `shard_map` over the token groups' mesh axes: for the `gmm`
   dispatch, since XLA does not partition a Pallas kernel (a vmap with spmd_axis_name is not
   enough), and for `blocked` under expert parallelism. Each device routes its own tokens
@@ -595,13 +595,15 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
   device keeps its share of the experts (gathered only over the axes that split their other
   dimensions, like FSDP's weights) and gathers the tokens of the devices that share its
   position on the expert axes (with their routing): the grouped matmul runs only the pairs
-  routed to its experts (`_gmm`'s first_group; the blocked loop stops after their blocks) and the partial sums go back to the tokens'
-  devices summed (a reduce-scatter, in float32), where `expert_parallel` says so. Nothing is
-  dropped: every pair is computed once, on the device holding its expert, and a device's
-  matmul rows are its experts' share of the gathered pairs. The bytes moved a layer are the tokens' activations times the expert
-  ways, in place of the layer's expert weights whole on every device (12.9 GB a layer of
-  Qwen3.5-397B-A17B in bfloat16; 1.6 GB of 35B-A3B). Otherwise the experts are gathered whole
-  (their `expert_mlp` split stays: the down projection's partial sums are added over it)."""
+  routed to its experts (`_gmm`'s first_group; the blocked loop stops after their blocks) and
+  the partial sums go back to the tokens' devices summed (a reduce-scatter, in float32), over
+  the axes `ep` (`_expert_parallel_axes`). Nothing is dropped: every pair is computed once, on
+  the device holding its expert, and a device's matmul rows are its experts' share of the
+  gathered pairs. The bytes moved a layer are the tokens' activations times the expert ways,
+  in place of the layer's expert weights whole on every device (12.9 GB a layer of
+  Qwen3.5-397B-A17B in bfloat16; 1.6 GB of 35B-A3B). With `ep` empty the experts are gathered
+  whole (their `expert_mlp` split stays: the down projection's partial sums are added over
+  it)."""
   h = flat.shape[-1]
   mesh = jax.sharding.get_abstract_mesh()
   spec = _experts_spec(p)
@@ -610,7 +612,6 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
     raise ValueError(f"moe_dispatch={cfg.moe_dispatch!r}: the expert_mlp axes {mlp_axes} also "
                      "split the tokens")
   xg = _group_tokens(flat.reshape(b, s, h), groups_b, groups_s)
-  ep = _expert_parallel_axes(p, cfg, axes, xg.shape[1])
   e = ep or None
   wi, wo = PartitionSpec(e, None, spec[2]), PartitionSpec(e, spec[2], None)
   experts_of = _gmm_experts if dispatch_of(cfg) == "gmm" else _blocked_experts
@@ -647,11 +648,13 @@ def forward(p, x, cfg: ModelConfig):
   axes, groups_b, groups_s = common.token_groups(x.shape)
   dispatch = dispatch_of(cfg)
   if axes and dispatch in ("blocked", "gmm"):
-    sharded = dispatch == "gmm" or _expert_parallel_axes(p, cfg, axes,
-                                                         b * s // (groups_b * groups_s))
-    grouped = _routed_sharded if sharded else _routed_grouped
+    # `_expert_parallel_axes` of a device's tokens (a token group's).
+    ep = _expert_parallel_axes(p, cfg, axes, b * s // (groups_b * groups_s))
     with jax.named_scope("routed"):
-      out, logits = grouped(p, flat, cfg, axes, groups_b, groups_s, b, s)
+      if dispatch == "gmm" or ep:
+        out, logits = _routed_sharded(p, flat, cfg, axes, groups_b, groups_s, b, s, ep)
+      else:
+        out, logits = _routed_grouped(p, flat, cfg, axes, groups_b, groups_s, b, s)
   else:
     with jax.named_scope("route"):
       logits, weights, experts = route(p["router"], flat, cfg)
