@@ -1,6 +1,7 @@
 """Decode throughput of the JetStream engine vs transformers `generate`, same weights.
 
     python benchmarks/decode.py                                  # tiny config, CPU, 1/8/32
+    python benchmarks/decode.py --skip_hf --max_len=64,4096      # cost of the cache's capacity
     python benchmarks/decode.py --dtype=bfloat16 --skip_hf \
         --set=model.hidden_size=2048 --set=model.num_hidden_layers=8 ...   # a bigger one, GPU
 
@@ -43,7 +44,7 @@ def load_config(args):
   return c
 
 
-def bench_engine(config, params, prompts, tokens: int) -> dict:
+def bench_engine(config, params, prompts, tokens: int, max_len: int = 0) -> dict:
   """Engine decode tokens/s with len(prompts) slots, two ways:
 
   blocking   each step's tokens and logprobs reach the host before the next step starts
@@ -54,8 +55,8 @@ def bench_engine(config, params, prompts, tokens: int) -> dict:
   """
   c = len(prompts)
   n = prompts.shape[1]
-  engine = QwenEngine.from_config(config, params=params, slots=c, max_len=n + tokens + 8,
-                                  prefill_buckets=(n,))
+  engine = QwenEngine.from_config(config, params=params, slots=c,
+                                  max_len=max_len or n + tokens + 8, prefill_buckets=(n,))
   handle = engine.load_params()
   state = engine.init_decode_state()
   for slot, p in enumerate(prompts):
@@ -128,6 +129,10 @@ def main():
   ap.add_argument("--prompt_len", type=int, default=16)
   ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   ap.add_argument("--skip_hf", action="store_true", help="engine only (e.g. on a GPU)")
+  ap.add_argument("--max_len", default="",
+                  help="the engine's cache capacity (default: just what the run needs); a comma "
+                       "list times the engine at each, one after the other, with each rate's "
+                       "ratio to the first's (a rollout engine's capacity is rollout.max_len)")
   ap.add_argument("--torch_threads", type=int, default=0, help="0 = torch's default")
   args = ap.parse_args()
 
@@ -139,6 +144,10 @@ def main():
         f"params ({counts['active']/1e6:.1f}M active), {args.dtype}; prompt {args.prompt_len}, "
         f"{args.tokens} decode steps", flush=True)
   conc = [int(x) for x in args.concurrency.split(",")]
+  needed = args.prompt_len + args.tokens + 8
+  capacities = [int(x) for x in args.max_len.split(",")] if args.max_len else [needed]
+  if min(capacities) < needed:
+    ap.error(f"--max_len: every capacity must hold prompt + tokens + 8 = {needed} positions")
   rng = np.random.default_rng(0)
   hf_dir = None
   if not args.skip_hf:
@@ -152,10 +161,17 @@ def main():
   out = {"device": jax.devices()[0].device_kind, "params": counts["total"],
          "active_params": counts["active"], "dtype": args.dtype, "prompt_len": args.prompt_len,
          "tokens": args.tokens, "engine_tokens_per_s": {}, "engine_pipelined_tokens_per_s": {},
-         "hf_tokens_per_s": {}}
+         "hf_tokens_per_s": {}, "max_len": capacities, "engine_tokens_per_s_by_max_len": {}}
   for c in conc:
     prompts = rng.integers(10, cfg.vocab_size, size=(c, args.prompt_len))
-    rates = bench_engine(config, params, prompts, args.tokens)
+    by_cap = [bench_engine(config, params, prompts, args.tokens, cap) for cap in capacities]
+    out["engine_tokens_per_s_by_max_len"][c] = {cap: r["blocking"]
+                                                for cap, r in zip(capacities, by_cap)}
+    if len(capacities) > 1:
+      print(f"{c:>5} " + ", ".join(
+          f"max_len {cap}: {r['blocking']:.1f} tok/s ({r['blocking'] / by_cap[0]['blocking']:.2f}x)"
+          for cap, r in zip(capacities, by_cap)), flush=True)
+    rates = by_cap[0]
     eng, pipe = rates["blocking"], rates["pipelined"]
     out["engine_tokens_per_s"][c] = eng
     out["engine_pipelined_tokens_per_s"][c] = pipe

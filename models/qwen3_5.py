@@ -95,12 +95,14 @@ def param_axes(cfg: ModelConfig) -> dict:
 
 # -- forward ------------------------------------------------------------------------------
 
-def _block(p, x, positions, cfg: ModelConfig, layer_type: str, cache, lengths, mode: str):
+def _block(p, x, positions, cfg: ModelConfig, layer_type: str, cache, lengths, mode: str,
+           layer=None):
   """One pre-norm residual block: mixer then feed-forward. Returns (x, router logits, cache).
 
   mode: "prefill" (a whole sequence from position 0), "extend" (a continuation of the cached
   prefix in `cache`), "append" (a continuation written into a decode-layout cache) or "decode"
-  (one token per row against the cache).
+  (one token per row against the cache; an attention layer's cache is then every cycle's
+  stacked one, `layer` the index of this block's cycle in it).
   """
   # The named scopes label each part's ops in a profile (op names "gdn/...", "moe/...").
   h = norm.rms_norm(x, p["input_norm"], cfg.rms_norm_eps)
@@ -109,7 +111,7 @@ def _block(p, x, positions, cfg: ModelConfig, layer_type: str, cache, lengths, m
       h, cache = gated_deltanet.forward(p["mixer"], h, cfg, state=cache, lengths=lengths,
                                         rule="recurrent" if mode == "decode" else "chunked")
     elif mode == "decode":
-      h, cache = attention.decode(p["mixer"], h, positions[:, 0], cache, cfg)
+      h, cache = attention.decode(p["mixer"], h, positions[:, 0], cache, cfg, layer=layer)
     elif mode == "extend":
       h, cache = attention.extend(p["mixer"], h, positions, cache, cfg)
     elif mode == "append":
@@ -148,28 +150,49 @@ def scan_unroll(cfg: ModelConfig) -> int:
 
 def _run_layers(cfg: ModelConfig, params, x, positions, cache=None, lengths=None,
                 mode: str = "prefill"):
-  """Scans the layer cycle over x [batch, seq, embed]. Returns (x, router logits, cache)."""
-  adapters = params.get("lora")   # lora.attach: merged here one layer at a time
+  """Scans the layer cycle over x [batch, seq, embed]. Returns (x, router logits, cache).
 
-  def cycle_body(x, xs):
-    block_params, block_cache, block_adapters = xs
+  The cache's layers are scanned inputs and the new cache the scan's outputs, except when
+  decoding: the attention layers' key/value caches then ride in the scan's carry, stacked,
+  each layer writing its token and reading its blocks in place. As scanned inputs and
+  outputs they would be copied whole every step (tests/models/test_qwen3_5.py).
+  """
+  adapters = params.get("lora")   # lora.attach: merged here one layer at a time
+  carried = [mode == "decode" and layer_type == FULL for layer_type in cfg.cycle]
+
+  def cycle_body(carry, xs):
+    x, kv = carry
+    block_params, block_cache, block_adapters, cycle = xs
     router, new_cache = [], []
+    kv = list(kv)
     for j, layer_type in enumerate(cfg.cycle):
       c = None if block_cache is None else block_cache[j]
+      if carried[j]:
+        c = kv[j]
       p = block_params[j]
       if block_adapters is not None:
         p = lora.merge_block(p, block_adapters[j], adapters["scale"])
-      x, r, c = _block(p, x, positions, cfg, layer_type, c, lengths, mode)
+      x, r, c = _block(p, x, positions, cfg, layer_type, c, lengths, mode,
+                       layer=cycle if carried[j] else None)
+      if carried[j]:
+        kv[j], c = c, None
       router.append(r)
       new_cache.append(c)
-    return x, (tuple(router), None if block_cache is None else tuple(new_cache))
+    return (x, tuple(kv)), (tuple(router), None if block_cache is None else tuple(new_cache))
 
   if cfg.remat == "full":
     cycle_body = jax.checkpoint(cycle_body, prevent_cse=False)
   blocks_cache = None if cache is None else cache["blocks"]
+  kv = ()
+  if any(carried):
+    kv = tuple(b if c else None for b, c in zip(blocks_cache, carried))
+    blocks_cache = tuple(None if c else b for b, c in zip(blocks_cache, carried))
   blocks_adapters = None if adapters is None else adapters["blocks"]
-  x, (router, new_blocks) = jax.lax.scan(
-      cycle_body, x, (params["blocks"], blocks_cache, blocks_adapters), unroll=scan_unroll(cfg))
+  (x, kv), (router, new_blocks) = jax.lax.scan(
+      cycle_body, (x, kv), (params["blocks"], blocks_cache, blocks_adapters,
+                            jnp.arange(cfg.num_cycles)), unroll=scan_unroll(cfg))
+  if any(carried):
+    new_blocks = tuple(k if c else b for k, b, c in zip(kv, new_blocks, carried))
   return x, router, new_blocks
 
 

@@ -106,8 +106,9 @@ def _attend(q, k, v, mask, cfg: ModelConfig, causal: bool = False):
     if impl == "cudnn" and causal:
       return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True,
                                           implementation="cudnn")
-    # The masked forms (decode against the cache, query blocks after an offset) go through
-    # XLA's version under "cudnn" as well: cuDNN's causal mask is the square's only.
+    # The masked forms (query blocks after an offset, continuations of a cache) go through
+    # XLA's version under "cudnn" as well: cuDNN's causal mask is the square's only. Decode
+    # does not come here (`_attend_cached`).
     return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale,
                                         implementation="xla")
   b, t, nh, hd = q.shape
@@ -382,19 +383,103 @@ def _attend_by_position(q, k, v, positions, cfg: ModelConfig):
   return jnp.moveaxis(out, 0, 1).reshape(b, n * chunk, *out.shape[3:])[:, :t]
 
 
-def decode(p, x, pos, cache, cfg: ModelConfig):
+# Decode reads the cache in blocks of this many positions, and only the blocks that hold
+# cached tokens of some row: a step's cost follows the longest row's length, not the cache's
+# capacity (`max_len`: 2,560 in `make run`, 163,840 in the full-size configs). A block is a
+# few MiB of keys and values at the full-size shapes, so one block serves the short contexts
+# with no loop at all and a 160k context takes ceil(len / 2048) steps of the loop.
+DECODE_KV_BLOCK = 2048
+
+
+def decode(p, x, pos, cache, cfg: ModelConfig, layer=None):
   """One new token per row against the KV cache.
+
+  The token's keys and values are written at `pos`, then it attends to the cache's positions
+  [0, pos) and to itself, reading only the blocks of the cache that hold some row's tokens.
 
   Args:
     x: [batch, 1, embed].
     pos: [batch] int32, the position of the new token (= tokens already cached).
-    cache: {"k", "v": [batch, max_len, kv_heads, head_dim]}.
+    cache: {"k", "v": [batch, max_len, kv_heads, head_dim]}, valid on [0, pos); or, with
+      `layer` (an index), the stacked caches of every layer of this kind [layers, batch,
+      max_len, ...], of which this layer's is read and written in place (the layer scan
+      carries them: as the scan's inputs and outputs each step would copy every layer's whole
+      cache).
+  Returns:
+    ([batch, 1, embed], the cache with the token written).
   """
   q, gate, k, v = _project(p, x, pos[:, None], cfg)
-  rows = jnp.arange(x.shape[0])
-  cache = {"k": cache["k"].at[rows, pos].set(k[:, 0].astype(cache["k"].dtype)),
-           "v": cache["v"].at[rows, pos].set(v[:, 0].astype(cache["v"].dtype))}
-  max_len = cache["k"].shape[1]
-  mask = (jnp.arange(max_len)[None, :] <= pos[:, None])[:, None, :]  # [b, 1, max_len]
-  out = _attend(q, cache["k"].astype(q.dtype), cache["v"].astype(q.dtype), mask, cfg)
-  return _output(p, out, gate, cfg), cache
+  new = {"k": k[:, 0].astype(cache["k"].dtype), "v": v[:, 0].astype(cache["v"].dtype)}
+  cache = write_decoded(cache, new, pos, layer)
+  out, cache = _attend_cached(q[:, 0], cache, new, pos, layer)
+  return _output(p, out[:, None].astype(q.dtype), gate, cfg), cache
+
+
+def write_decoded(cache, new, pos, layer=None):
+  """The cache with each row's new keys and values at its `pos`.
+
+  cache: {"k", "v": [batch, max_len, kv_heads, head_dim]}, or with a leading axis of stacked
+  layers when `layer` (an index into it) is given; new: {"k", "v": [batch, kv_heads,
+  head_dim]}; pos: [batch]. A row at pos == max_len writes nothing (a full slot), as an
+  out-of-bounds scatter drops.
+  """
+  rows = jnp.arange(pos.shape[0])
+  at = (rows, pos) if layer is None else (layer, rows, pos)
+  return {name: cache[name].at[at].set(new[name].astype(cache[name].dtype)) for name in ("k", "v")}
+
+
+def _attend_cached(q, cache, new, pos, layer=None, block: int = DECODE_KV_BLOCK):
+  """Softmax attention of one query per row over its cached keys [0, pos) and its own key.
+
+  q [b, heads, hd]; cache {"k", "v": [b, max_len, kv, hd]} (or stacked, [layers, ...], with
+  `layer`); new {"k", "v": [b, kv, hd]}, the token's own; pos [b]. Online softmax in float32
+  over blocks of `block` cached positions, as many as the longest row needs: a loop with that
+  trip count, which carries the cache through unchanged so that XLA reads its blocks in place
+  (a cache the loop only captured would be copied into the loop first); no loop when the
+  cache is one block. The scores and running sums are float32; each block's probabilities
+  meet the values in the values' dtype, as `_attend` does.
+  Returns ([b, heads, hd] float32, the cache).
+  """
+  b, nh, hd = q.shape
+  lead = cache["k"].ndim - 4
+  max_len, nkv = cache["k"].shape[lead + 1], cache["k"].shape[lead + 2]
+  g = nh // nkv
+  q = q.reshape(b, nkv, g, hd)
+  scale = hd ** -0.5
+  # Start from the token itself: its score is finite, so every running max is too.
+  m = jnp.einsum("bkgd,bkd->bkg", q, new["k"].astype(q.dtype),
+                 preferred_element_type=jnp.float32) * scale
+  total = jnp.ones_like(m)
+  acc = jnp.broadcast_to(new["v"].astype(jnp.float32)[:, :, None], (b, nkv, g, hd))
+  block = min(block, max_len)
+
+  def read(x, start):
+    if layer is None:
+      return jax.lax.dynamic_slice_in_dim(x, start, block, axis=1)
+    return jax.lax.dynamic_slice(x, (layer, 0, start, 0, 0), (1, b, block) + x.shape[3:])[0]
+
+  def add_block(i, carry):
+    m, total, acc, cache = carry
+    # The last block is shifted back to end at max_len; positions an earlier block covered
+    # are masked out of it.
+    start = jnp.minimum(i * block, max_len - block)
+    k, v = read(cache["k"], start).astype(q.dtype), read(cache["v"], start)
+    at = start + jnp.arange(block)
+    seen = (at[None, :] < pos[:, None]) & (at[None, :] >= i * block)           # [b, block]
+    s = jnp.einsum("bkgd,bskd->bkgs", q, k, preferred_element_type=jnp.float32) * scale
+    s = jnp.where(seen[:, None, None], s, -jnp.inf)
+    m_new = jnp.maximum(m, s.max(axis=-1))
+    probs = jnp.exp(s - m_new[..., None])
+    rescale = jnp.exp(m - m_new)
+    total = total * rescale + probs.sum(axis=-1)
+    acc = acc * rescale[..., None] + jnp.einsum("bkgs,bskd->bkgd", probs.astype(v.dtype), v,
+                                                preferred_element_type=jnp.float32)
+    return m_new, total, acc, cache
+
+  carry = (m, total, acc, cache)
+  if block == max_len:
+    carry = add_block(0, carry)
+  else:
+    carry = jax.lax.fori_loop(0, (jnp.max(pos) + block - 1) // block, add_block, carry)
+  _, total, acc, cache = carry
+  return (acc / total[..., None]).reshape(b, nh, hd), cache

@@ -435,3 +435,22 @@ def test_sharded_load_checks_shapes_before_reading_any_tensor(saved, monkeypatch
                       lambda *a, **k: pytest.fail("a tensor was read before the check"))
   with pytest.raises(hf_io.CheckpointError, match=f"tensor {key} has shape"):
     qwen3_5.load_hf(path, shardings=_param_shardings(hf_io.read_config(path), (1, 8, 1, 1)))
+
+
+@pytest.mark.parametrize("layers", [8, 16])   # the layer cycles unrolled (2), and scanned (4)
+def test_decode_step_temporaries_do_not_grow_with_the_cache_capacity(layers):
+  """The donated cache is written and read in place: the compiled step's temporaries are the
+  same at 4,096 and 16,384 positions and a small part of the cache, where a step that passed
+  the caches through the layer scan's inputs and outputs held 1.4x the cache (185 MB for a
+  135 MB cache at 16,384)."""
+  cfg = _tiny(num_hidden_layers=layers)
+  params = jax.eval_shape(lambda: qwen3_5.init_params(cfg, jax.random.key(0)))
+  step = jax.jit(qwen3_5.decode_step, static_argnums=0, donate_argnums=2)
+  temp, cache_bytes = {}, {}
+  for max_len in (4096, 16384):
+    cache = jax.eval_shape(lambda: qwen3_5.init_cache(cfg, 8, max_len))
+    compiled = step.lower(cfg, params, cache, jax.ShapeDtypeStruct((8,), jnp.int32)).compile()
+    temp[max_len] = compiled.memory_analysis().temp_size_in_bytes
+    cache_bytes[max_len] = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache))
+  assert temp[16384] <= 1.1 * temp[4096], temp
+  assert temp[16384] < 0.1 * cache_bytes[16384], (temp, cache_bytes)

@@ -190,3 +190,61 @@ def test_query_chunks_under_context_parallelism_stay_on_their_devices():
   # all-reduce in the loop's backward). A loop over the row's chunks in order added 7 a step
   # here (61 and 117 collectives), gathering the queries, keys and values again each time.
   assert collectives[128] - collectives[64] <= 8, collectives
+
+
+@pytest.mark.parametrize("dtype,atol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
+@pytest.mark.parametrize("max_len,block", [(40, 8), (37, 8), (37, 64)])
+def test_decode_over_cached_blocks_matches_masked_attention_over_the_whole_cache(
+    dtype, atol, max_len, block):
+  """The blockwise online softmax (a loop over the blocks the longest row needs, the last
+  block shifted back when the capacity is not a multiple) equals softmax attention over the
+  whole cache with the token written at pos and every position after it masked: rows with an
+  empty cache, a block's worth, and one short of capacity."""
+  rng = np.random.default_rng(3)
+  b, nkv, g, hd = 4, 2, 3, 16
+  rand = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32).astype(dtype)
+  q, k_new, v_new = rand(b, nkv * g, hd), rand(b, nkv, hd), rand(b, nkv, hd)
+  k_cache, v_cache = rand(b, max_len, nkv, hd), rand(b, max_len, nkv, hd)
+  pos = jnp.asarray([0, min(block, max_len - 2), 17, max_len - 1], jnp.int32)
+  new = {"k": k_new, "v": v_new}
+  written = attention.write_decoded({"k": k_cache, "v": v_cache}, new, pos)
+  out, _ = jax.jit(attention._attend_cached, static_argnums=5)(q, written, new, pos, None, block)
+  mask = (jnp.arange(max_len)[None, :] <= pos[:, None])[:, None, :]
+  ref = attention._attend(q[:, None], written["k"], written["v"], mask,
+                          _cfg(attention_impl="reference"))[:, 0]
+  np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), atol=atol)
+
+
+def test_decode_reads_only_the_blocks_that_hold_cached_tokens():
+  """Positions past every row's pos are never read: filling them with NaN changes nothing
+  (a full-capacity read would spread the NaN through the scores' max or the values' sum)."""
+  rng = np.random.default_rng(4)
+  b, nkv, hd, max_len, block = 2, 2, 16, 64, 8
+  rand = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  q, k_new, v_new = rand(b, 4, hd), rand(b, nkv, hd), rand(b, nkv, hd)
+  k_cache, v_cache = rand(b, max_len, nkv, hd), rand(b, max_len, nkv, hd)
+  pos = jnp.asarray([3, 13], jnp.int32)     # two blocks of 8 hold every cached token
+  new = {"k": k_new, "v": v_new}
+  out, _ = attention._attend_cached(q, {"k": k_cache, "v": v_cache}, new, pos, block=block)
+  poisoned = lambda c: c.at[:, 2 * block:].set(jnp.nan)
+  out_poisoned, _ = attention._attend_cached(
+      q, {"k": poisoned(k_cache), "v": poisoned(v_cache)}, new, pos, block=block)
+  np.testing.assert_array_equal(out, out_poisoned)
+
+
+def test_decode_of_a_stacked_layer_equals_decode_of_that_layer_alone():
+  """With `layer`, decode reads and writes its slot of the stacked caches (the layer scan's
+  carry) and leaves the other layers' untouched."""
+  cfg = _cfg(attention_impl="reference")
+  params, x, positions = _inputs(cfg, seq=12)
+  rng = np.random.default_rng(5)
+  stacked = {n: jnp.asarray(rng.standard_normal((3, 2, 16, 2, 16)), jnp.float32) for n in "kv"}
+  pos = jnp.asarray([5, 11], jnp.int32)
+  alone_out, alone = attention.decode(params, x[:, :1], pos, jax.tree.map(lambda a: a[1], stacked),
+                                      cfg)
+  out, after = attention.decode(params, x[:, :1], pos, stacked, cfg, layer=jnp.int32(1))
+  np.testing.assert_allclose(out, alone_out, atol=1e-6)
+  for n in "kv":
+    np.testing.assert_array_equal(after[n][1], alone[n])
+    np.testing.assert_array_equal(after[n][0], stacked[n][0])
+    np.testing.assert_array_equal(after[n][2], stacked[n][2])
