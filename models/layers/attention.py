@@ -385,10 +385,18 @@ def _attend_by_position(q, k, v, positions, cfg: ModelConfig):
 
 # Decode reads the cache in blocks of this many positions, and only the blocks that hold
 # cached tokens of some row: a step's cost follows the longest row's length, not the cache's
-# capacity (`max_len`: 2,560 in `make run`, 163,840 in the full-size configs). A block is a
-# few MiB of keys and values at the full-size shapes, so one block serves the short contexts
-# with no loop at all and a 160k context takes ceil(len / 2048) steps of the loop.
-DECODE_KV_BLOCK = 2048
+# capacity (`max_len`: 2,560 in `make run`, 163,840 in the full-size configs). Each block is
+# a step of a loop, which on a GPU costs a few kernel launches and a read of the trip
+# condition by the host, so blocks are large there (a 160k context is 80 steps; a cache of
+# at most one block has no loop). On the CPU a step costs little: 256 read the tiny model's
+# 4,096-position cache at 32 sequences at 0.62x the speed of a 64-position one, 512 at 0.52x,
+# 2048 at 0.20x (`python benchmarks/decode.py --skip_hf --max_len=64,4096`, docs/results.md).
+DECODE_KV_BLOCK = {"cpu": 256}
+
+
+def decode_block(backend: str | None = None) -> int:
+  """Positions a decode step reads from the cache at a time on `backend` (default: JAX's)."""
+  return DECODE_KV_BLOCK.get(backend or config_lib.platform(), 2048)
 
 
 def decode(p, x, pos, cache, cfg: ModelConfig, layer=None):
@@ -428,16 +436,16 @@ def write_decoded(cache, new, pos, layer=None):
   return {name: cache[name].at[at].set(new[name].astype(cache[name].dtype)) for name in ("k", "v")}
 
 
-def _attend_cached(q, cache, new, pos, layer=None, block: int = DECODE_KV_BLOCK):
+def _attend_cached(q, cache, new, pos, layer=None, block: int | None = None):
   """Softmax attention of one query per row over its cached keys [0, pos) and its own key.
 
   q [b, heads, hd]; cache {"k", "v": [b, max_len, kv, hd]} (or stacked, [layers, ...], with
   `layer`); new {"k", "v": [b, kv, hd]}, the token's own; pos [b]. Online softmax in float32
-  over blocks of `block` cached positions, as many as the longest row needs: a loop with that
-  trip count, which carries the cache through unchanged so that XLA reads its blocks in place
-  (a cache the loop only captured would be copied into the loop first); no loop when the
-  cache is one block. The scores and running sums are float32; each block's probabilities
-  meet the values in the values' dtype, as `_attend` does.
+  over blocks of `block` (default `decode_block()`) cached positions, as many as the longest
+  row needs: a loop with that trip count, which carries the cache through unchanged so that
+  XLA reads its blocks in place (a cache the loop only captured would be copied into the loop
+  first); no loop when the cache is one block. Scores and sums are float32; each block's
+  probabilities meet the values in the values' dtype, as `_attend`'s do.
   Returns ([b, heads, hd] float32, the cache).
   """
   b, nh, hd = q.shape
@@ -445,13 +453,13 @@ def _attend_cached(q, cache, new, pos, layer=None, block: int = DECODE_KV_BLOCK)
   max_len, nkv = cache["k"].shape[lead + 1], cache["k"].shape[lead + 2]
   g = nh // nkv
   q = q.reshape(b, nkv, g, hd)
+  q32 = q.astype(jnp.float32)
   scale = hd ** -0.5
   # Start from the token itself: its score is finite, so every running max is too.
-  m = jnp.einsum("bkgd,bkd->bkg", q, new["k"].astype(q.dtype),
-                 preferred_element_type=jnp.float32) * scale
+  m = jnp.sum(q32 * new["k"].astype(jnp.float32)[:, :, None], axis=-1) * scale
   total = jnp.ones_like(m)
   acc = jnp.broadcast_to(new["v"].astype(jnp.float32)[:, :, None], (b, nkv, g, hd))
-  block = min(block, max_len)
+  block = min(block or decode_block(), max_len)
 
   def read(x, start):
     if layer is None:
@@ -463,17 +471,27 @@ def _attend_cached(q, cache, new, pos, layer=None, block: int = DECODE_KV_BLOCK)
     # The last block is shifted back to end at max_len; positions an earlier block covered
     # are masked out of it.
     start = jnp.minimum(i * block, max_len - block)
-    k, v = read(cache["k"], start).astype(q.dtype), read(cache["v"], start)
+    k, v = read(cache["k"], start), read(cache["v"], start)                     # [b, s, kv, hd]
     at = start + jnp.arange(block)
-    seen = (at[None, :] < pos[:, None]) & (at[None, :] >= i * block)           # [b, block]
-    s = jnp.einsum("bkgd,bskd->bkgs", q, k, preferred_element_type=jnp.float32) * scale
-    s = jnp.where(seen[:, None, None], s, -jnp.inf)
-    m_new = jnp.maximum(m, s.max(axis=-1))
-    probs = jnp.exp(s - m_new[..., None])
+    seen = (at[None, :] < pos[:, None]) & (at[None, :] >= i * block)           # [b, s]
+    # Products and sums, not dots: a dot batched over (b, kv) wants those axes major in its
+    # operands, and XLA:GPU then laid the whole carried cache out so, a transposed copy of it
+    # each step (19.6 GiB a GPU for 35B-A3B's 48 slots of 160k). One token's attention is a
+    # read of the block; the products fuse into that read.
+    s = jnp.sum(q32[:, None] * k.astype(jnp.float32)[:, :, :, None], axis=-1) * scale
+    s = jnp.where(seen[:, :, None, None], s, -jnp.inf)                         # [b, s, kv, g]
+    m_new = jnp.maximum(m, s.max(axis=1))
+    probs = jnp.exp(s - m_new[:, None])
     rescale = jnp.exp(m - m_new)
-    total = total * rescale + probs.sum(axis=-1)
-    acc = acc * rescale[..., None] + jnp.einsum("bkgs,bskd->bkgd", probs.astype(v.dtype), v,
-                                                preferred_element_type=jnp.float32)
+    total = total * rescale + probs.sum(axis=1)
+    # The values' sum as one dot batched over rows only, every query head against every kv
+    # head's values (kv times the FLOPs, the diagonal kept): [b, s, kv * hd] is the cache's
+    # own layout, so XLA reads the block where it lies. As a product summed over s, XLA:GPU
+    # again laid the whole cache out anew.
+    every = jnp.einsum("bsx,bsy->bxy", probs.reshape(b, -1, nkv * g).astype(v.dtype),
+                       v.reshape(b, -1, nkv * hd), preferred_element_type=jnp.float32)
+    own = jnp.diagonal(every.reshape(b, nkv, g, nkv, hd), axis1=1, axis2=3)   # [b, g, hd, kv]
+    acc = acc * rescale[..., None] + jnp.moveaxis(own, -1, 1)
     return m_new, total, acc, cache
 
   carry = (m, total, acc, cache)
