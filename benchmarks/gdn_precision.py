@@ -2,6 +2,7 @@
 
     python benchmarks/gdn_precision.py                         # CPU: small shapes, a few s
     python benchmarks/gdn_precision.py --batch=8 --seq=2048 --heads=8 --dk=128 --dv=128  # a GPU
+    python benchmarks/gdn_precision.py --scans=outputs,states --precisions=highest  # the scans
 
 Times forward+backward of `gated_deltanet.chunked_delta_rule` (the Gated DeltaNet layer's
 chunk scan, the part that runs in float32) at "highest" (true float32 matmuls, the default),
@@ -11,7 +12,10 @@ over "highest" (median of the rounds' ratios, with their smallest and largest) a
 against "highest": the largest difference of the output, and of each input's gradient, over
 that tensor's largest magnitude. The inputs are those of a layer (unit-norm keys and queries,
 log decays of -exp(A_log) softplus(a) with A up to 16). The CPU computes float32 dots
-whatever they ask, so there every ratio is ~1 and every error 0. Last line: JSON.
+whatever they ask, so there every ratio is ~1 and every error 0. With `--scans`, each form of
+the scan over chunks (`model.gdn_scan`) at each precision, against the default scan at
+"highest"; JSON rows "precisions" for the default scan, "variants" keyed "scan/precision" for
+all. Last line: JSON.
 """
 import argparse
 import json
@@ -29,7 +33,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from models.config import GDN_PRECISIONS  # noqa: E402
+from models.config import GDN_PRECISIONS, GDN_SCANS  # noqa: E402
 from models.layers import gated_deltanet  # noqa: E402
 
 
@@ -45,10 +49,10 @@ def layer_inputs(batch: int, seq: int, heads: int, dk: int, dv: int, seed: int =
   return q, k, normal(batch, seq, heads, dv), g, beta, jnp.zeros((batch, heads, dk, dv))
 
 
-def step_fn(precision: str, chunk: int):
+def step_fn(precision: str, chunk: int, scan: str = GDN_SCANS[0]):
   """jit of (q, k, v, g, beta, state) -> (output, gradients of sum(out * w) w.r.t. the inputs)."""
   def loss(args, w):
-    out, _ = gated_deltanet.chunked_delta_rule(*args, chunk, "custom", precision)
+    out, _ = gated_deltanet.chunked_delta_rule(*args, chunk, "custom", precision, scan)
     return jnp.sum(out * w), out
   return jax.jit(lambda args, w: jax.grad(loss, has_aux=True)(args, w)[::-1])
 
@@ -68,34 +72,49 @@ def main():
   ap.add_argument("--chunk", type=int, default=64)
   ap.add_argument("--rounds", type=int, default=5)
   ap.add_argument("--iters", type=int, default=5)
+  ap.add_argument("--precisions", default=",".join(GDN_PRECISIONS),
+                  help="comma list of model.gdn_precision values (highest is always timed)")
+  ap.add_argument("--scans", default=GDN_SCANS[0],
+                  help=f"comma list of model.gdn_scan values ({', '.join(GDN_SCANS)}; the "
+                       f"first, {GDN_SCANS[0]}, is always timed)")
   args = ap.parse_args()
+  precisions = ["highest"] + [p for p in args.precisions.split(",") if p != "highest"]
+  scans = [GDN_SCANS[0]] + [x for x in args.scans.split(",") if x != GDN_SCANS[0]]
+  for name, got, allowed in (("precisions", precisions, GDN_PRECISIONS),
+                             ("scans", scans, GDN_SCANS)):
+    if set(got) - set(allowed):
+      ap.error(f"--{name}: unknown {sorted(set(got) - set(allowed))}; choose from {allowed}")
+  variants = [f"{x}/{p}" for x in scans for p in precisions]
+  reference = variants[0]
   inputs = layer_inputs(args.batch, args.seq, args.heads, args.dk, args.dv)
   w = jnp.asarray(np.random.default_rng(1).standard_normal(inputs[2].shape), jnp.float32)
-  steps = {p: step_fn(p, args.chunk) for p in GDN_PRECISIONS}
-  results = {p: jax.block_until_ready(f(inputs, w)) for p, f in steps.items()}  # compile
-  times = {p: [] for p in GDN_PRECISIONS}
+  steps = {v: step_fn(v.split("/")[1], args.chunk, v.split("/")[0]) for v in variants}
+  results = {v: jax.block_until_ready(f(inputs, w)) for v, f in steps.items()}  # compile
+  times = {v: [] for v in variants}
   for r in range(args.rounds):
-    order = GDN_PRECISIONS if r % 2 == 0 else GDN_PRECISIONS[::-1]
+    order = variants if r % 2 == 0 else variants[::-1]
     for p in order:
       t0 = time.perf_counter()
       for _ in range(args.iters):
         jax.block_until_ready(steps[p](inputs, w))
       times[p].append((time.perf_counter() - t0) * 1e3 / args.iters)
-  ref_out, ref_grads = results["highest"]
+  ref_out, ref_grads = results[reference]
   names = ("q", "k", "v", "g", "beta", "state")
   out = {"device": str(jax.devices()[0].device_kind), "jax_version": jax.__version__,
          "shape": {k: getattr(args, k) for k in ("batch", "seq", "heads", "dk", "dv", "chunk")},
-         "rounds": args.rounds, "precisions": {}}
-  print(f"chunked delta rule fwd+bwd on {out['device']}, {out['shape']}")
-  for p in GDN_PRECISIONS:
-    ratios = [h / t for h, t in zip(times["highest"], times[p])]
+         "rounds": args.rounds, "precisions": {}, "variants": {}}
+  print(f"chunked delta rule fwd+bwd on {out['device']}, {out['shape']}; against {reference}")
+  for p in variants:
+    ratios = [h / t for h, t in zip(times[reference], times[p])]
     o, grads = results[p]
     row = {"ms": float(np.median(times[p])), "speedup": float(np.median(ratios)),
            "speedup_range": [min(ratios), max(ratios)],
            "output_error": relative_error(o, ref_out),
            "grad_error": {n: relative_error(g, gr) for n, g, gr in zip(names, grads, ref_grads)}}
-    out["precisions"][p] = row
-    print(f"{p:8s} {row['ms']:8.2f} ms  {row['speedup']:.2f}x (rounds {min(ratios):.2f}"
+    out["variants"][p] = row
+    if p.startswith(GDN_SCANS[0] + "/"):
+      out["precisions"][p.split("/")[1]] = row
+    print(f"{p:16s} {row['ms']:8.2f} ms  {row['speedup']:.2f}x (rounds {min(ratios):.2f}"
           f"-{max(ratios):.2f}x)  output error {row['output_error']:.1e}  largest gradient "
           f"error {max(row['grad_error'].values()):.1e}")
   print(json.dumps(out))

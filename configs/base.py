@@ -57,6 +57,7 @@ def get_model_config() -> ml_collections.ConfigDict:
   m.attention_impl = "auto"          # reference (einsums) | xla | cudnn (jax.nn.dot_product_attention) | auto (per backend, docs/model.md)
   m.moe_dispatch = "auto"            # routed experts: ragged_dot | blocked (expert blocks, one batched matmul) | gmm (TPU grouped-matmul kernel) | auto (gmm on TPU where widths are multiples of 128, else blocked; docs/model.md)
   m.gdn_precision = "highest"        # chunked delta rule's float32 matmuls: highest (true float32) | high (3 bf16 passes on TPU, TF32 on GPU) | default (one bf16 pass / TF32); the CPU runs float32 for all three
+  m.gdn_scan = "outputs"             # chunked delta rule's scan over chunks: outputs (each chunk's output inside it, 4 matmuls a step) | states (only the state's recurrence, 2 matmuls a step; every chunk's output after it at once: fewer GPU kernels, slower on CPU; docs/model.md)
   m.moe_expert_parallel = "auto"     # gmm and blocked dispatch on a mesh: on (tokens go to the devices holding their experts) | off (experts gathered whole to the tokens) | auto (on where the gathered tokens' rows are fewer than the experts' weights; docs/model.md)
   m.moe_block_size = 128             # blocked dispatch: rows per expert block (fewer when tokens per expert are fewer)
   m.moe_block_chunk = -1             # blocked dispatch: blocks a step of its matmul loop (each step gathers its blocks' expert matrices); 0 = all at once; -1 = auto (256 MiB of gathered weights a step; docs/model.md)

@@ -23,6 +23,9 @@ MOE_DISPATCHES = ("auto", "ragged_dot", "blocked", "gmm")
 # The values of ModelConfig.gdn_precision: the precision of the chunked delta rule's float32
 # matmuls (jax.lax.Precision names; models/layers/gated_deltanet.py).
 GDN_PRECISIONS = ("highest", "high", "default")
+# The values of ModelConfig.gdn_scan: what the chunked delta rule's scan over chunks computes
+# (models/layers/gated_deltanet.py, `chunked_delta_rule`).
+GDN_SCANS = ("outputs", "states")
 # The values of ModelConfig.moe_expert_parallel (models/layers/moe.py, `expert_parallel`).
 MOE_EXPERT_PARALLEL = ("auto", "on", "off")
 
@@ -69,6 +72,7 @@ class ModelConfig:
   moe_block_size: int = 128
   moe_block_chunk: int = -1
   gdn_precision: str = "highest"
+  gdn_scan: str = "outputs"
   moe_expert_parallel: str = "auto"
 
   def __post_init__(self):
@@ -99,6 +103,8 @@ class ModelConfig:
     if self.gdn_precision not in GDN_PRECISIONS:
       raise ValueError(f"gdn_precision must be one of {GDN_PRECISIONS}, got "
                        f"{self.gdn_precision!r}")
+    if self.gdn_scan not in GDN_SCANS:
+      raise ValueError(f"gdn_scan must be one of {GDN_SCANS}, got {self.gdn_scan!r}")
     if self.moe_expert_parallel not in MOE_EXPERT_PARALLEL:
       raise ValueError(f"moe_expert_parallel must be one of {MOE_EXPERT_PARALLEL}, got "
                        f"{self.moe_expert_parallel!r}")

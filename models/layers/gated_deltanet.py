@@ -159,7 +159,7 @@ def chunk_size(cfg: ModelConfig, backend: str | None = None) -> int:
 
 
 def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int, backward: str = "custom",
-                       precision: str = "highest"):
+                       precision: str = "highest", scan: str = "outputs"):
   """The gated delta rule over a sequence, chunk by chunk.
 
   Args:
@@ -172,6 +172,11 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int, backward: str =
       reference). The forward values are the same.
     precision: of the matmuls (`model.gdn_precision`: highest | high | default); the state,
       decays and sums stay float32 whatever it is.
+    scan: what the scan over chunks computes (`model.gdn_scan`): "outputs", each chunk's
+      output with its state's update (four matmuls a step); "states", only the state's
+      recurrence (two), every chunk's output, q S + intra v_new, after it at once from the
+      states it returns. The same values; "states" returns every chunk's state where the
+      other keeps them for its gradient only.
   Returns:
     (out [batch, seq, heads, d_v], final state).
   """
@@ -218,14 +223,29 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int, backward: str =
   k_to_end = k * jnp.exp(to_end)[..., None]
   chunk_decay = jnp.exp(g_cum[..., -1])[..., None, None]
 
-  def step(s, xs):
-    u_i, w_i, intra_i, q_i, k_i, decay_i = xs
-    v_new = u_i - mm(w_i, s)
-    out = mm(q_i, s) + mm(intra_i, v_new)
-    s = s * decay_i + mm(jnp.swapaxes(k_i, -1, -2), v_new)
-    return s, out
+  def corrected(s, u_i, w_i):        # the chunk's values less what its state predicts
+    return u_i - mm(w_i, s)
 
-  state, out = jax.lax.scan(step, state, (u, w, intra, q_decayed, k_to_end, chunk_decay))
+  def update(s, k_i, decay_i, v_new):
+    return s * decay_i + mm(jnp.swapaxes(k_i, -1, -2), v_new)
+
+  if scan == "outputs":
+    def step(s, xs):
+      u_i, w_i, intra_i, q_i, k_i, decay_i = xs
+      v_new = corrected(s, u_i, w_i)
+      return update(s, k_i, decay_i, v_new), mm(q_i, s) + mm(intra_i, v_new)
+
+    state, out = jax.lax.scan(step, state, (u, w, intra, q_decayed, k_to_end, chunk_decay))
+  elif scan == "states":
+    def step(s, xs):
+      u_i, w_i, k_i, decay_i = xs
+      v_new = corrected(s, u_i, w_i)
+      return update(s, k_i, decay_i, v_new), (s, v_new)
+
+    state, (states, v_new) = jax.lax.scan(step, state, (u, w, k_to_end, chunk_decay))
+    out = mm(q_decayed, states) + mm(intra, v_new)
+  else:
+    raise ValueError(f"model.gdn_scan must be one of {config_lib.GDN_SCANS}, got {scan!r}")
   out = jnp.moveaxis(out, (0, 2), (1, 3)).reshape(b, n * c, nh, dv)[:, :t]
   return out, state
 
@@ -348,7 +368,7 @@ def _mix(p, qkv, z, beta_in, a, state, lengths, cfg: ModelConfig, rule: str):
   z = common.constrain(z, heads + (None,))
   if rule == "chunked":
     out, ssm = chunked_delta_rule(q, k, v, g, beta, state["ssm"], chunk_size(cfg),
-                                  cfg.gdn_backward, cfg.gdn_precision)
+                                  cfg.gdn_backward, cfg.gdn_precision, cfg.gdn_scan)
   elif rule == "recurrent":
     out, ssm = recurrent_delta_rule(q, k, v, g, beta, state["ssm"])
   else:

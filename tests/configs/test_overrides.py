@@ -176,7 +176,7 @@ _SHAPELESS = {"rope_theta", "partial_rotary_factor", "rms_norm_eps", "norm_topk_
               "max_position_embeddings", "initializer_range", "dtype", "remat",
               "attention_query_chunk", "attention_causal_block", "logits_chunk", "gdn_chunk_size",
               "gdn_backward", "scan_unroll", "attention_impl", "moe_dispatch", "moe_block_size",
-              "moe_block_chunk"}
+              "moe_block_chunk", "gdn_scan"}
 
 
 @pytest.mark.parametrize("config_file", ["configs/tiny_cpu.py"] + list(FULL_SIZE))

@@ -99,6 +99,37 @@ def test_custom_and_autodiff_backward_give_the_same_outputs_and_gradients():
     np.testing.assert_allclose(gc, ga, atol=2e-5 * scale, err_msg=name)
 
 
+@pytest.mark.parametrize("backward", ["custom", "autodiff"])
+def test_the_states_scan_gives_the_outputs_scan_values_and_gradients(backward):
+  """model.gdn_scan="states" (the scan carries only the state's recurrence, the outputs come
+  after it for every chunk at once) equals the default "outputs" scan: outputs, final state
+  and every input's gradient, over a length that pads the last chunk (150 in chunks of 64)."""
+  q, k, v, a, a_log, beta, s0 = _inputs(jnp.float32)
+  g = -jnp.exp(a_log) * jax.nn.softplus(a)
+  rng = np.random.default_rng(4)
+  w_out = jnp.asarray(rng.standard_normal(v.shape), jnp.float32)
+  w_state = jnp.asarray(rng.standard_normal(s0.shape), jnp.float32)
+
+  def run(scan):
+    def loss(args):
+      out, state = gated_deltanet.chunked_delta_rule(*args, 64, backward, "highest", scan)
+      return jnp.sum(out * w_out) + jnp.sum(state * w_state), (out, state)
+    return jax.jit(jax.grad(loss, has_aux=True))((q, k, v, g, beta, s0))
+
+  grads_s, (out_s, state_s) = run("states")
+  grads_o, (out_o, state_o) = run("outputs")
+  np.testing.assert_allclose(out_s, out_o, atol=1e-6)
+  np.testing.assert_allclose(state_s, state_o, atol=1e-6)
+  for name, gs, go in zip(("q", "k", "v", "g", "beta", "state"), grads_s, grads_o):
+    scale = float(jnp.abs(go).max())
+    assert scale > 0, name
+    np.testing.assert_allclose(gs, go, atol=1e-5 * scale, err_msg=name)
+  with pytest.raises(ValueError, match="gdn_scan"):
+    gated_deltanet.chunked_delta_rule(q, k, v, g, beta, s0, 64, backward, "highest", "both")
+  with pytest.raises(ValueError, match="gdn_scan"):
+    qwen3_5.config_from_dict(base.get_model_config()).replace(gdn_scan="both")
+
+
 def test_unknown_backward_is_a_clear_error():
   q, k, v, a, a_log, beta, s0 = _inputs(jnp.float32, seq=8)
   with pytest.raises(ValueError, match="gdn_backward"):
