@@ -574,9 +574,15 @@ def _expert_parallel_axes(p, cfg: ModelConfig, axes: tuple, tokens: int) -> tupl
   """The mesh axes a device's `tokens` move over to the devices holding their experts, or ()
   where the experts are gathered to the tokens instead: tokens move only where the expert axes
   split the tokens too (otherwise those devices hold the same tokens) and `expert_parallel`
-  says so."""
+  says so. Where nothing splits the tokens (`axes` empty: a rollout engine's prefill of one
+  prompt, or its decode slots on a mesh whose batch axes are 1) every device holds all of
+  them, and the expert axes are used unless `moe_expert_parallel=off`: each device computes
+  its experts' pairs and the partial sums are added, where gathering the experts would also
+  have every device compute every pair."""
   mesh = jax.sharding.get_abstract_mesh()
   ep = tuple(a for a in sharding.target_axes(_experts_spec(p)[0]) if mesh.shape[a] > 1)
+  if ep and not axes:
+    return ep if cfg.moe_expert_parallel != "off" else ()
   if ep and set(ep) <= set(axes) and expert_parallel(
       cfg, math.prod(mesh.shape[a] for a in ep), tokens):
     return ep
@@ -597,7 +603,9 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
   position on the expert axes (with their routing): the grouped matmul runs only the pairs
   routed to its experts (`_gmm`'s first_group; the blocked loop stops after their blocks) and
   the partial sums go back to the tokens' devices summed (a reduce-scatter, in float32), over
-  the axes `ep` (`_expert_parallel_axes`). Nothing is dropped: every pair is computed once, on
+  the axes `ep` (`_expert_parallel_axes`); where no mesh axis splits the tokens, each device
+  runs its experts' pairs of all of them and the partial sums are added (a psum). Nothing is
+  dropped: every pair is computed once, on
   the device holding its expert, and a device's matmul rows are its experts' share of the
   gathered pairs. The bytes moved a layer are the tokens' activations times the expert ways,
   in place of the layer's expert weights whole on every device (12.9 GB a layer of
@@ -619,7 +627,11 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
   def local(x, router, wi_gate, wi_up, w_out):
     logits, weights, experts = route(router, x[0], cfg)
     w = {"wi_gate": wi_gate, "wi_up": wi_up, "wo": w_out}
-    if ep:
+    if ep and not axes:   # every device holds every token: its experts' pairs, then the sum
+      first = jax.lax.axis_index(ep) * wi_gate.shape[0]
+      part = experts_of(w, x[0], weights, experts, cfg, first)
+      out = jax.lax.psum(part.astype(jnp.float32), ep).astype(part.dtype)
+    elif ep:
       gather = lambda a: jax.lax.all_gather(a, ep, axis=0, tiled=True)
       first = jax.lax.axis_index(ep) * wi_gate.shape[0]
       part = experts_of(w, gather(x[0]), gather(weights), gather(experts), cfg, first)
@@ -631,7 +643,7 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
       out = jax.lax.psum(out, mlp_axes)
     return out[None], logits[None]
 
-  groups = PartitionSpec(axes)
+  groups = PartitionSpec(axes or None)
   out, logits = jax.shard_map(
       local, mesh=mesh, in_specs=(groups, PartitionSpec(), wi, wi, wo),
       out_specs=(groups, groups), check_vma=False)(xg, p["router"], p["wi_gate"], p["wi_up"],
@@ -647,14 +659,19 @@ def forward(p, x, cfg: ModelConfig):
   flat = x.reshape(b * s, h).astype(dt)
   axes, groups_b, groups_s = common.token_groups(x.shape)
   dispatch = dispatch_of(cfg)
-  if axes and dispatch in ("blocked", "gmm"):
+  mesh = jax.sharding.get_abstract_mesh()
+  if dispatch in ("blocked", "gmm") and not mesh.empty and mesh.size > 1:
     # `_expert_parallel_axes` of a device's tokens (a token group's).
     ep = _expert_parallel_axes(p, cfg, axes, b * s // (groups_b * groups_s))
     with jax.named_scope("routed"):
       if dispatch == "gmm" or ep:
         out, logits = _routed_sharded(p, flat, cfg, axes, groups_b, groups_s, b, s, ep)
-      else:
+      elif axes:
         out, logits = _routed_grouped(p, flat, cfg, axes, groups_b, groups_s, b, s)
+      else:
+        with jax.named_scope("route"):
+          logits, weights, experts = route(p["router"], flat, cfg)
+        out = routed_experts(p, flat, weights, experts, cfg)
   else:
     with jax.named_scope("route"):
       logits, weights, experts = route(p["router"], flat, cfg)

@@ -1,6 +1,7 @@
 """The MoE dispatches: compiled cost against the expert count, and parity with ragged_dot."""
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 import numpy as np
 import pytest
 
@@ -278,6 +279,43 @@ def test_auto_dispatch_on_tpu_is_the_grouped_matmul_where_its_tiles_fit():
     with config_lib.compiling_for(platform):
       assert moe.dispatch_of(wide) == "blocked"
   assert moe.dispatch_of(narrow.replace(moe_dispatch="gmm")) == "gmm"   # the interpreter here
+
+
+@pytest.mark.parametrize("dispatch,ep", [("gmm", "auto"), ("blocked", "auto"), ("blocked", "off")])
+def test_tokens_no_mesh_axis_splits_are_computed_by_the_devices_holding_their_experts(dispatch, ep):
+  """One row (a rollout engine's prefill of a prompt) on a mesh of 8 whose batch axes cannot
+  split it: every device holds every token. The experts split over `expert` stay split, each
+  device computes its experts' pairs and the partial sums are added (no all-gather of the
+  whole experts); `off` leaves the blocked dispatch to XLA's partitioner, as before. `gmm` here was refused outright ("Mosaic
+  kernels cannot be automatically partitioned"). Outputs, logits and gradients equal one
+  device's."""
+  from jax.sharding import NamedSharding
+  from models import sharding
+  cfg = _cfg(16, k=2, block=16, dispatch=dispatch).replace(moe_expert_parallel=ep)
+  p = moe.init(jax.random.key(0), cfg)
+  x = jax.random.normal(jax.random.key(1), (1, 48, cfg.hidden_size))
+  loss = lambda p, x: jnp.sum(moe.forward(p, x, cfg)[0] ** 2) + jnp.sum(moe.forward(p, x, cfg)[1])
+  ref_out, ref_logits = jax.jit(lambda p, x: moe.forward(p, x, cfg))(p, x)
+  ref_grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(p, x)
+
+  c = base.get_config()
+  c.mesh.shape = (2, 2, 2, 1)
+  rules = sharding.rules_from_config(c.mesh.rules)
+  mesh = sharding.make_mesh(c.mesh)
+  with sharding.use_mesh(mesh, rules):
+    assert common.token_groups(x.shape)[0] == ()
+    p_sh = sharding.tree_shardings(moe.axes(cfg), jax.eval_shape(lambda: p), mesh, rules)
+    ps, xs = jax.device_put(p, p_sh), jax.device_put(x, NamedSharding(mesh, PartitionSpec()))
+    out, logits = jax.jit(lambda p, x: moe.forward(p, x, cfg))(ps, xs)
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(ps, xs)
+    hlo = jax.jit(lambda p, x: moe.forward(p, x, cfg)[0]).lower(ps, xs).compile().as_text()
+  np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(logits, ref_logits, rtol=1e-5, atol=1e-5)
+  for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+    np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+  whole = f"[16,{cfg.hidden_size},{cfg.moe_intermediate_size}]"
+  if ep != "off":
+    assert not any(whole in l for l in hlo.splitlines() if "all-gather(" in l)
 
 
 def test_expert_parallelism_is_chosen_where_the_gathered_tokens_cost_less_than_the_experts():
