@@ -74,29 +74,35 @@ def test_gdn_precision_reaches_every_chunked_matmul_and_the_cpu_result_is_unchan
     np.testing.assert_array_equal(x, y)
 
 
-def test_custom_and_autodiff_backward_give_the_same_outputs_and_gradients():
-  """The hand-written VJP of the intra-chunk solve matches autodiff through the matmul loop:
-  outputs, final state and the gradients of every input, the initial state included."""
+def _rule_grads(seed: int, *rule_args):
+  """(gradients of every input, (outputs, final state)) of a weighted sum of the chunked
+  rule's outputs and final state, the rule taking `rule_args` after its chunk of 64."""
   q, k, v, a, a_log, beta, s0 = _inputs(jnp.float32)
   g = -jnp.exp(a_log) * jax.nn.softplus(a)
-  rng = np.random.default_rng(3)
+  rng = np.random.default_rng(seed)
   w_out = jnp.asarray(rng.standard_normal(v.shape), jnp.float32)
   w_state = jnp.asarray(rng.standard_normal(s0.shape), jnp.float32)
 
-  def run(backward):
-    def loss(args):
-      out, state = gated_deltanet.chunked_delta_rule(*args, 64, backward)
-      return jnp.sum(out * w_out) + jnp.sum(state * w_state), (out, state)
-    return jax.grad(loss, has_aux=True)((q, k, v, g, beta, s0))
+  def loss(args):
+    out, state = gated_deltanet.chunked_delta_rule(*args, 64, *rule_args)
+    return jnp.sum(out * w_out) + jnp.sum(state * w_state), (out, state)
+  return jax.jit(jax.grad(loss, has_aux=True))((q, k, v, g, beta, s0))
 
-  grads_c, (out_c, state_c) = run("custom")
-  grads_a, (out_a, state_a) = run("autodiff")
-  np.testing.assert_allclose(out_c, out_a, atol=1e-6)
-  np.testing.assert_allclose(state_c, state_a, atol=1e-6)
-  for name, gc, ga in zip(("q", "k", "v", "g", "beta", "state"), grads_c, grads_a):
-    scale = float(jnp.abs(ga).max())
+
+def _assert_rules_agree(got, want, grad_tol: float):
+  (grads_x, (out_x, state_x)), (grads_y, (out_y, state_y)) = got, want
+  np.testing.assert_allclose(out_x, out_y, atol=1e-6)
+  np.testing.assert_allclose(state_x, state_y, atol=1e-6)
+  for name, gx, gy in zip(("q", "k", "v", "g", "beta", "state"), grads_x, grads_y):
+    scale = float(jnp.abs(gy).max())
     assert scale > 0, name
-    np.testing.assert_allclose(gc, ga, atol=2e-5 * scale, err_msg=name)
+    np.testing.assert_allclose(gx, gy, atol=grad_tol * scale, err_msg=name)
+
+
+def test_custom_and_autodiff_backward_give_the_same_outputs_and_gradients():
+  """The hand-written VJP of the intra-chunk solve matches autodiff through the matmul loop:
+  outputs, final state and the gradients of every input, the initial state included."""
+  _assert_rules_agree(_rule_grads(3, "custom"), _rule_grads(3, "autodiff"), 2e-5)
 
 
 @pytest.mark.parametrize("backward", ["custom", "autodiff"])
@@ -104,28 +110,11 @@ def test_the_states_scan_gives_the_outputs_scan_values_and_gradients(backward):
   """model.gdn_scan="states" (the scan carries only the state's recurrence, the outputs come
   after it for every chunk at once) equals the default "outputs" scan: outputs, final state
   and every input's gradient, over a length that pads the last chunk (150 in chunks of 64)."""
-  q, k, v, a, a_log, beta, s0 = _inputs(jnp.float32)
-  g = -jnp.exp(a_log) * jax.nn.softplus(a)
-  rng = np.random.default_rng(4)
-  w_out = jnp.asarray(rng.standard_normal(v.shape), jnp.float32)
-  w_state = jnp.asarray(rng.standard_normal(s0.shape), jnp.float32)
-
-  def run(scan):
-    def loss(args):
-      out, state = gated_deltanet.chunked_delta_rule(*args, 64, backward, "highest", scan)
-      return jnp.sum(out * w_out) + jnp.sum(state * w_state), (out, state)
-    return jax.jit(jax.grad(loss, has_aux=True))((q, k, v, g, beta, s0))
-
-  grads_s, (out_s, state_s) = run("states")
-  grads_o, (out_o, state_o) = run("outputs")
-  np.testing.assert_allclose(out_s, out_o, atol=1e-6)
-  np.testing.assert_allclose(state_s, state_o, atol=1e-6)
-  for name, gs, go in zip(("q", "k", "v", "g", "beta", "state"), grads_s, grads_o):
-    scale = float(jnp.abs(go).max())
-    assert scale > 0, name
-    np.testing.assert_allclose(gs, go, atol=1e-5 * scale, err_msg=name)
+  _assert_rules_agree(_rule_grads(4, backward, "highest", "states"),
+                      _rule_grads(4, backward, "highest", "outputs"), 1e-5)
+  q, k, v, a, a_log, beta, s0 = _inputs(jnp.float32, seq=8)
   with pytest.raises(ValueError, match="gdn_scan"):
-    gated_deltanet.chunked_delta_rule(q, k, v, g, beta, s0, 64, backward, "highest", "both")
+    gated_deltanet.chunked_delta_rule(q, k, v, a, beta, s0, 4, backward, "highest", "both")
   with pytest.raises(ValueError, match="gdn_scan"):
     qwen3_5.config_from_dict(base.get_model_config()).replace(gdn_scan="both")
 

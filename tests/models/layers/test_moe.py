@@ -157,6 +157,43 @@ def test_unknown_dispatch_is_rejected_with_its_name():
     _cfg(8).replace(moe_block_chunk=-2)
 
 
+def _one_device_and_mesh(cfg, x, rules_kind="rows", x_on_mesh=True):
+  """The MoE's outputs, logits and gradients of a loss on one device and on a (2, 2, 2, 1)
+  mesh of 8 CPU devices (rules: "rows", or "context_parallel" over fsdp x expert), with the
+  mesh's compiled forward HLO: (one device's (out, logits, grads), the mesh's, hlo). x is laid
+  out by the activation rules (`x_on_mesh`) or replicated."""
+  from jax.sharding import NamedSharding
+  from models import sharding
+  p = moe.init(jax.random.key(0), cfg)
+  loss = lambda p, x: jnp.sum(moe.forward(p, x, cfg)[0] ** 2) + jnp.sum(moe.forward(p, x, cfg)[1])
+  fwd = jax.jit(lambda p, x: moe.forward(p, x, cfg))
+  grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+  one = (*fwd(p, x), grad(p, x))
+  c = base.get_config()
+  c.mesh.shape = (2, 2, 2, 1)
+  rules = sharding.rules_from_config(c.mesh.rules)
+  if rules_kind == "context_parallel":
+    rules = sharding.context_parallel_rules(rules, ("fsdp", "expert"))
+  mesh = sharding.make_mesh(c.mesh)
+  with sharding.use_mesh(mesh, rules):
+    p_sh = sharding.tree_shardings(moe.axes(cfg), jax.eval_shape(lambda: p), mesh, rules)
+    x_spec = (sharding.logical_to_spec(("batch", "activation_length", None), rules, mesh, x.shape)
+              if x_on_mesh else PartitionSpec())
+    ps, xs = jax.device_put(p, p_sh), jax.device_put(x, NamedSharding(mesh, x_spec))
+    groups = common.token_groups(x.shape)
+    on_mesh = (*fwd(ps, xs), grad(ps, xs))
+    hlo = jax.jit(lambda p, x: moe.forward(p, x, cfg)[0]).lower(ps, xs).compile().as_text()
+  return one, on_mesh, hlo, groups
+
+
+def _assert_same_moe(got, want):
+  (out, logits, grads), (ref_out, ref_logits, ref_grads) = got, want
+  np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(logits, ref_logits, rtol=1e-5, atol=1e-5)
+  for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+    np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("rules_kind,dispatch,ep", [("rows", "blocked", "off"),
                                                     ("context_parallel", "blocked", "off"),
                                                     ("rows", "blocked", "on"),
@@ -172,37 +209,14 @@ def test_on_a_mesh_each_device_routes_its_own_tokens_with_the_same_result(rules_
   computes another device's tokens). With expert parallelism (`gmm` here by `auto`; `blocked`
   with `on`, its matmuls in a loop of 2 blocks a step that stops after the device's experts'
   blocks), the experts split over `expert` stay split: the tokens move to them."""
-  from jax.sharding import NamedSharding
   from models import aot
-  from models import sharding
   cfg = _cfg(16, k=2, block=16, dispatch=dispatch).replace(moe_expert_parallel=ep)
   if ep == "on":
     cfg = cfg.replace(moe_block_chunk=2)
-  p = moe.init(jax.random.key(0), cfg)
   x = jax.random.normal(jax.random.key(1), (8, 32, cfg.hidden_size))
-  loss = lambda p, x: jnp.sum(moe.forward(p, x, cfg)[0] ** 2) + jnp.sum(moe.forward(p, x, cfg)[1])
-  ref_out, ref_logits = jax.jit(lambda p, x: moe.forward(p, x, cfg))(p, x)
-  ref_grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(p, x)
-
-  c = base.get_config()
-  c.mesh.shape = (2, 2, 2, 1)
-  rules = sharding.rules_from_config(c.mesh.rules)
-  if rules_kind == "context_parallel":
-    rules = sharding.context_parallel_rules(rules, ("fsdp", "expert"))
-  mesh = sharding.make_mesh(c.mesh)
-  with sharding.use_mesh(mesh, rules):
-    axes, gb, gs = common.token_groups(x.shape)
-    assert gb * gs == 8 and len(axes) == 3
-    p_sh = sharding.tree_shardings(moe.axes(cfg), jax.eval_shape(lambda: p), mesh, rules)
-    x_spec = sharding.logical_to_spec(("batch", "activation_length", None), rules, mesh, x.shape)
-    ps, xs = jax.device_put(p, p_sh), jax.device_put(x, NamedSharding(mesh, x_spec))
-    out, logits = jax.jit(lambda p, x: moe.forward(p, x, cfg))(ps, xs)
-    grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(ps, xs)
-    hlo = jax.jit(lambda p, x: moe.forward(p, x, cfg)[0]).lower(ps, xs).compile().as_text()
-  np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(logits, ref_logits, rtol=1e-5, atol=1e-5)
-  for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
-    np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+  one, on_mesh, hlo, (axes, gb, gs) = _one_device_and_mesh(cfg, x, rules_kind)
+  assert gb * gs == 8 and len(axes) == 3
+  _assert_same_moe(on_mesh, one)
   if ep != "off":   # gmm: Pallas' interpreter, whose loops are no measure of the kernel's work
     # Expert parallelism: each device gathers its share of the experts (16 over `expert`'s 2
     # ways: 8), never all 16; the tokens come to them instead.
@@ -210,9 +224,10 @@ def test_on_a_mesh_each_device_routes_its_own_tokens_with_the_same_result(rules_
     whole, share = [f"[{n},{cfg.hidden_size},{cfg.moe_intermediate_size}]" for n in (16, 8)]
     assert not any(whole in l for l in gathered) and any(share in l for l in gathered)
     return
-  one = jax.jit(lambda p, x: moe.forward(p, x, cfg)[0]).lower(p, x).compile().as_text()
+  p = moe.init(jax.random.key(0), cfg)
+  one_hlo = jax.jit(lambda p, x: moe.forward(p, x, cfg)[0]).lower(p, x).compile().as_text()
   # Per device: an eighth of the tokens' work (plus the router and padding of smaller groups).
-  assert aot.hlo_costs(hlo)["flops"] < 0.35 * aot.hlo_costs(one)["flops"]
+  assert aot.hlo_costs(hlo)["flops"] < 0.35 * aot.hlo_costs(one_hlo)["flops"]
 
 
 @pytest.mark.parametrize("step", [600, 7])
@@ -286,33 +301,14 @@ def test_tokens_no_mesh_axis_splits_are_computed_by_the_devices_holding_their_ex
   """One row (a rollout engine's prefill of a prompt) on a mesh of 8 whose batch axes cannot
   split it: every device holds every token. The experts split over `expert` stay split, each
   device computes its experts' pairs and the partial sums are added (no all-gather of the
-  whole experts); `off` leaves the blocked dispatch to XLA's partitioner, as before. `gmm` here was refused outright ("Mosaic
-  kernels cannot be automatically partitioned"). Outputs, logits and gradients equal one
-  device's."""
-  from jax.sharding import NamedSharding
-  from models import sharding
+  whole experts); `off` leaves the blocked dispatch to XLA's partitioner, as before. `gmm`
+  here was refused outright ("Mosaic kernels cannot be automatically partitioned"). Outputs,
+  logits and gradients equal one device's."""
   cfg = _cfg(16, k=2, block=16, dispatch=dispatch).replace(moe_expert_parallel=ep)
-  p = moe.init(jax.random.key(0), cfg)
   x = jax.random.normal(jax.random.key(1), (1, 48, cfg.hidden_size))
-  loss = lambda p, x: jnp.sum(moe.forward(p, x, cfg)[0] ** 2) + jnp.sum(moe.forward(p, x, cfg)[1])
-  ref_out, ref_logits = jax.jit(lambda p, x: moe.forward(p, x, cfg))(p, x)
-  ref_grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(p, x)
-
-  c = base.get_config()
-  c.mesh.shape = (2, 2, 2, 1)
-  rules = sharding.rules_from_config(c.mesh.rules)
-  mesh = sharding.make_mesh(c.mesh)
-  with sharding.use_mesh(mesh, rules):
-    assert common.token_groups(x.shape)[0] == ()
-    p_sh = sharding.tree_shardings(moe.axes(cfg), jax.eval_shape(lambda: p), mesh, rules)
-    ps, xs = jax.device_put(p, p_sh), jax.device_put(x, NamedSharding(mesh, PartitionSpec()))
-    out, logits = jax.jit(lambda p, x: moe.forward(p, x, cfg))(ps, xs)
-    grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(ps, xs)
-    hlo = jax.jit(lambda p, x: moe.forward(p, x, cfg)[0]).lower(ps, xs).compile().as_text()
-  np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(logits, ref_logits, rtol=1e-5, atol=1e-5)
-  for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
-    np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+  one, on_mesh, hlo, (axes, _, _) = _one_device_and_mesh(cfg, x, x_on_mesh=False)
+  assert axes == ()
+  _assert_same_moe(on_mesh, one)
   whole = f"[16,{cfg.hidden_size},{cfg.moe_intermediate_size}]"
   if ep != "off":
     assert not any(whole in l for l in hlo.splitlines() if "all-gather(" in l)
