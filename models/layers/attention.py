@@ -388,9 +388,9 @@ def _attend_by_position(q, k, v, positions, cfg: ModelConfig):
 # capacity (`max_len`: 2,560 in `make run`, 163,840 in the full-size configs). Each block is
 # a step of a loop, which on a GPU costs a few kernel launches and a read of the trip
 # condition by the host, so blocks are large there (a 160k context is 80 steps; a cache of
-# at most one block has no loop). On the CPU a step costs little: 256 read the tiny model's
-# 4,096-position cache at 32 sequences at 0.62x the speed of a 64-position one, 512 at 0.52x,
-# 2048 at 0.20x (`python benchmarks/decode.py --skip_hf --max_len=64,4096`, docs/results.md).
+# at most one block has no loop). On the CPU a step costs little, and smaller blocks read
+# less past the tokens: 256 measured fastest of 256, 512 and 2048 there (docs/results.md,
+# "Decode against the cache's capacity").
 DECODE_KV_BLOCK = {"cpu": 256}
 
 

@@ -223,6 +223,16 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int, backward: str =
   k_to_end = k * jnp.exp(to_end)[..., None]
   chunk_decay = jnp.exp(g_cum[..., -1])[..., None, None]
 
+  out, state = _scan_chunks(scan, mm, state, u, w, intra, q_decayed, k_to_end, chunk_decay)
+  out = jnp.moveaxis(out, (0, 2), (1, 3)).reshape(b, n * c, nh, dv)[:, :t]
+  return out, state
+
+
+def _scan_chunks(scan: str, mm, state, u, w, intra, q_decayed, k_to_end, chunk_decay):
+  """The chunked rule's walk over the chunks (each input [n_chunks, batch, heads, ...]):
+  returns (out [n_chunks, batch, heads, chunk, d_v], final state). `scan` is
+  `chunked_delta_rule`'s: "outputs" computes each chunk's output in the scan, "states" only
+  the state's recurrence, the outputs after it from the states the scan returns."""
   def corrected(s, u_i, w_i):        # the chunk's values less what its state predicts
     return u_i - mm(w_i, s)
 
@@ -236,18 +246,16 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int, backward: str =
       return update(s, k_i, decay_i, v_new), mm(q_i, s) + mm(intra_i, v_new)
 
     state, out = jax.lax.scan(step, state, (u, w, intra, q_decayed, k_to_end, chunk_decay))
-  elif scan == "states":
+    return out, state
+  if scan == "states":
     def step(s, xs):
       u_i, w_i, k_i, decay_i = xs
       v_new = corrected(s, u_i, w_i)
       return update(s, k_i, decay_i, v_new), (s, v_new)
 
     state, (states, v_new) = jax.lax.scan(step, state, (u, w, k_to_end, chunk_decay))
-    out = mm(q_decayed, states) + mm(intra, v_new)
-  else:
-    raise ValueError(f"model.gdn_scan must be one of {config_lib.GDN_SCANS}, got {scan!r}")
-  out = jnp.moveaxis(out, (0, 2), (1, 3)).reshape(b, n * c, nh, dv)[:, :t]
-  return out, state
+    return mm(q_decayed, states) + mm(intra, v_new), state
+  raise ValueError(f"model.gdn_scan must be one of {config_lib.GDN_SCANS}, got {scan!r}")
 
 
 def recurrent_delta_rule(q, k, v, g, beta, state):
