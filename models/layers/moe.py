@@ -605,9 +605,8 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
   the partial sums go back to the tokens' devices summed (a reduce-scatter, in float32), over
   the axes `ep` (`_expert_parallel_axes`); where no mesh axis splits the tokens, each device
   runs its experts' pairs of all of them and the partial sums are added (a psum). Nothing is
-  dropped: every pair is computed once, on
-  the device holding its expert, and a device's matmul rows are its experts' share of the
-  gathered pairs. The bytes moved a layer are the tokens' activations times the expert ways,
+  dropped: every pair is computed once, on the device holding its expert, and a device's
+  matmul rows are its experts' share of the gathered pairs. The bytes moved a layer are the tokens' activations times the expert ways,
   in place of the layer's expert weights whole on every device (12.9 GB a layer of
   Qwen3.5-397B-A17B in bfloat16; 1.6 GB of 35B-A3B). With `ep` empty the experts are gathered
   whole (their `expert_mlp` split stays: the down projection's partial sums are added over
@@ -627,16 +626,16 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
   def local(x, router, wi_gate, wi_up, w_out):
     logits, weights, experts = route(router, x[0], cfg)
     w = {"wi_gate": wi_gate, "wi_up": wi_up, "wo": w_out}
-    if ep and not axes:   # every device holds every token: its experts' pairs, then the sum
-      first = jax.lax.axis_index(ep) * wi_gate.shape[0]
-      part = experts_of(w, x[0], weights, experts, cfg, first)
-      out = jax.lax.psum(part.astype(jnp.float32), ep).astype(part.dtype)
-    elif ep:
-      gather = lambda a: jax.lax.all_gather(a, ep, axis=0, tiled=True)
+    if ep:
+      # Tokens split over the expert axes are gathered from the devices sharing this one's
+      # place and their sums scattered back; tokens every device holds are summed in place.
+      gather = ((lambda a: jax.lax.all_gather(a, ep, axis=0, tiled=True)) if axes
+                else (lambda a: a))
       first = jax.lax.axis_index(ep) * wi_gate.shape[0]
       part = experts_of(w, gather(x[0]), gather(weights), gather(experts), cfg, first)
-      out = jax.lax.psum_scatter(part.astype(jnp.float32), ep, scatter_dimension=0,
-                                 tiled=True).astype(part.dtype)
+      part32 = part.astype(jnp.float32)
+      out = (jax.lax.psum_scatter(part32, ep, scatter_dimension=0, tiled=True) if axes
+             else jax.lax.psum(part32, ep)).astype(part.dtype)
     else:
       out = experts_of(w, x[0], weights, experts, cfg)
     if mlp_axes:
@@ -660,18 +659,15 @@ def forward(p, x, cfg: ModelConfig):
   axes, groups_b, groups_s = common.token_groups(x.shape)
   dispatch = dispatch_of(cfg)
   mesh = jax.sharding.get_abstract_mesh()
-  if dispatch in ("blocked", "gmm") and not mesh.empty and mesh.size > 1:
-    # `_expert_parallel_axes` of a device's tokens (a token group's).
-    ep = _expert_parallel_axes(p, cfg, axes, b * s // (groups_b * groups_s))
+  on_mesh = dispatch in ("blocked", "gmm") and not mesh.empty and mesh.size > 1
+  # `_expert_parallel_axes` of a device's tokens (a token group's).
+  ep = _expert_parallel_axes(p, cfg, axes, b * s // (groups_b * groups_s)) if on_mesh else ()
+  if on_mesh and (dispatch == "gmm" or ep):
     with jax.named_scope("routed"):
-      if dispatch == "gmm" or ep:
-        out, logits = _routed_sharded(p, flat, cfg, axes, groups_b, groups_s, b, s, ep)
-      elif axes:
-        out, logits = _routed_grouped(p, flat, cfg, axes, groups_b, groups_s, b, s)
-      else:
-        with jax.named_scope("route"):
-          logits, weights, experts = route(p["router"], flat, cfg)
-        out = routed_experts(p, flat, weights, experts, cfg)
+      out, logits = _routed_sharded(p, flat, cfg, axes, groups_b, groups_s, b, s, ep)
+  elif on_mesh and axes:
+    with jax.named_scope("routed"):
+      out, logits = _routed_grouped(p, flat, cfg, axes, groups_b, groups_s, b, s)
   else:
     with jax.named_scope("route"):
       logits, weights, experts = route(p["router"], flat, cfg)
