@@ -183,9 +183,21 @@ def parse_args(argv=None):
                   "is NVIDIA H200 (its table entry, to exercise the maths)")
   ap.add_argument("--breakdown", action="store_true",
                   help="also time each model component alone (model_step.py --breakdown)")
+  ap.add_argument("--set", action="append", default=[], metavar="model.KEY=VALUE",
+                  help="a model config setting for every part (repeatable) that changes no "
+                  "shape (the FLOPs and parameter counts are the size's), e.g. "
+                  "model.gdn_scan=fused")
   ap.add_argument("--timeout", type=float, default=100.0,
                   help="seconds per benchmark (decode: twice)")
   return ap.parse_args(argv)
+
+
+def _model_setting(text: str) -> tuple:
+  """--set's "model.KEY=VALUE" as (KEY, VALUE)."""
+  key, sep, value = text.partition("=")
+  if not sep or not key.startswith("model.") or len(key) == len("model."):
+    raise SystemExit(f"accelerator.py: --set takes model.KEY=VALUE, got {text!r}")
+  return key[len("model."):], value
 
 
 def main(argv=None, run_child=None):
@@ -193,6 +205,7 @@ def main(argv=None, run_child=None):
   `_run`: a subprocess; a test passes a stand-in to check this process alone)."""
   args = parse_args(argv)
   run_child = run_child or _run
+  settings = dict(_model_setting(s) for s in args.set)
   size_name = "smoke" if args.smoke else "1b"
   size, run = SIZES[size_name], RUNS[size_name]
   dtype = "bfloat16"   # params and compute, the smoke run too: the dtype the GPU runs
@@ -220,14 +233,15 @@ def main(argv=None, run_child=None):
             "model": size,
             "params": counts["total"], "active_params": counts["active"],
             "peak_flops": figures[0] if figures else None,
-            "hbm_bytes_per_s": figures[1] if figures else None}
+            "hbm_bytes_per_s": figures[1] if figures else None, "settings": settings}
   py = sys.executable
-  over = model_overrides(size, dtype)
+  over = {**model_overrides(size, dtype), **settings}
 
   # Model step: forward + backward of the jitted model.
   step_cmd = [py, os.path.join(HERE, "model_step.py"), "--no_torch", f"--dtype={dtype}",
               "--compile_layers=", f"--batch={run['step_batch']}", f"--seq={run['step_seq']}"
-              ] + [f"--{k}={v}" for k, v in size.items()]
+              ] + [f"--{k}={v}" for k, v in size.items()] + [f"--set=model.{k}={v}"
+                                                            for k, v in settings.items()]
   ms, secs = run_child("model_step", step_cmd + ["--iters=5"], args.timeout, env, out_dir)
   result["model_step"] = dict(ms, wall_s=secs)
   if "jax_tokens_per_s" in ms and figures:

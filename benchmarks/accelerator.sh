@@ -6,6 +6,7 @@
 #   benchmarks/accelerator.sh                  # on a machine with an NVIDIA GPU (< 8 minutes)
 #   ACCEL_SMOKE=1 benchmarks/accelerator.sh    # tiny config on the CPU, no install: the logic
 #   benchmarks/accelerator.sh --breakdown      # also: the model step's time per component
+#   benchmarks/accelerator.sh --set=model.gdn_scan=fused   # a model setting for every part
 #
 # PYTHON: the interpreter (default .venv/bin/python, else python3); OUT: the output folder;
 # ACCEL_TIMEOUT: seconds per benchmark (decode twice); ACCEL_NO_INSTALL=1: never pip install.

@@ -8,7 +8,7 @@ Compiles, for each target, the forward + backward of the accelerator benchmark's
 (benchmarks/accelerator.py `SIZES["1b"]`, bfloat16) over --tokens tokens in rows of --seq, and
 prints the program's temporary bytes (`compiled.memory_analysis()`: what the step holds beyond
 its inputs and outputs, i.e. activations and scratch) beside rl/plan.py's activation estimate for
-the same tokens. Then the same for each part alone, over the same tokens: one attention layer,
+the same tokens, and for a GPU the kernels a step launches (`aot.hlo_costs`). Then the same for each part alone, over the same tokens: one attention layer,
 one Gated DeltaNet layer, one MoE feed-forward, the LM head with the log-probabilities, an RMSNorm
 - so a layer kind that holds far more than the plan counts shows by name, in bytes a token:
 
@@ -44,6 +44,7 @@ import jax.numpy as jnp  # noqa: E402
 import accelerator  # noqa: E402  (a sibling: benchmarks/ is sys.path[0])
 from models import aot  # noqa: E402
 from models import config as config_lib  # noqa: E402
+from models.config import GDN_SCANS  # noqa: E402
 from models import qwen3_5  # noqa: E402
 from models.layers import attention  # noqa: E402
 from models.layers import gated_deltanet  # noqa: E402
@@ -65,10 +66,14 @@ def _place(tree, device):
   return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one), tree)
 
 
+def _compile(fn, args, device):
+  """jit(grad(fn)) compiled for `device` (None = this CPU)."""
+  return jax.jit(jax.value_and_grad(fn)).lower(*_place(args, device)).compile()
+
+
 def temp_bytes(fn, args, device) -> int:
   """Temporary bytes of jit(grad(fn)) compiled for `device` (None = this CPU)."""
-  compiled = jax.jit(jax.value_and_grad(fn)).lower(*_place(args, device)).compile()
-  return int(compiled.memory_analysis().temp_size_in_bytes)
+  return int(_compile(fn, args, device).memory_analysis().temp_size_in_bytes)
 
 
 def layers(mc, rows: int, seq: int) -> dict:
@@ -138,7 +143,10 @@ def measure(mc, rows: int, seq: int, target: str, names, kept: bool = True, log=
     for name in names:
       t0 = time.time()
       fn, fargs = progs[name]
-      row = {"temp": temp_bytes(fn, fargs, device)}
+      compiled = _compile(fn, fargs, device)
+      row = {"temp": int(compiled.memory_analysis().temp_size_in_bytes)}
+      if target != "cpu":   # the kernels a GPU launches a step (aot.hlo_costs)
+        row["kernels"] = aot.hlo_costs(compiled.as_text())["kernels"]
       if kept and name in LAYERS:
         two, three = (temp_bytes(*stacked(mc, rows, seq, name, n), device) for n in (2, 3))
         row["kept"] = three - two
@@ -147,7 +155,8 @@ def measure(mc, rows: int, seq: int, target: str, names, kept: bool = True, log=
       if name == "model":
         log(f"  {target:5s} {name:17s} temp {row['temp'] / MiB:9.1f} MiB  {kib(row['temp'])} KiB a "
             f"token   {row['temp'] / planned['total']:.2f}x the plan's {planned['total'] / MiB:.0f} "
-            f"MiB   (compile {time.time() - t0:.0f} s)")
+            f"MiB" + (f"   {row['kernels']:,} kernels" if "kernels" in row else "")
+            + f"   (compile {time.time() - t0:.0f} s)")
         continue
       p = parts.get(name)
       line = f"  {target:5s} {name:17s} peak {kib(row['temp'])} KiB a token"
@@ -158,9 +167,9 @@ def measure(mc, rows: int, seq: int, target: str, names, kept: bool = True, log=
   return {"parts": out, "plan": planned, "plan_parts": parts}
 
 
-def size_config(size: str, remat: str):
+def size_config(size: str, remat: str, gdn_scan: str = GDN_SCANS[0]):
   mc = accelerator.model_config(accelerator.SIZES[size], "bfloat16")
-  return mc.replace(remat=remat)
+  return mc.replace(remat=remat, gdn_scan=gdn_scan)
 
 
 def main(argv=None):
@@ -174,9 +183,11 @@ def main(argv=None):
   ap.add_argument("--parts", default="", help="comma list of model and parts to compile (default: all)")
   ap.add_argument("--kept", default="true", choices=("true", "false"),
                   help="also compile 2- and 3-layer stacks of each layer part (what a layer keeps)")
+  ap.add_argument("--gdn_scan", default=GDN_SCANS[0], choices=GDN_SCANS,
+                  help="model.gdn_scan: the chunked delta rule's walk over chunks")
   args = ap.parse_args(argv)
   rows = args.tokens // args.seq
-  mc = size_config(args.size, args.remat)
+  mc = size_config(args.size, args.remat, args.gdn_scan)
   planned = plan.activation_bytes(mc, args.seq, rows, 1)
   tok = rows * args.seq
   print(f"{args.size} MoE ({qwen3_5.count_params(mc)['total'] / 1e9:.2f} B params), {rows} x "

@@ -23,6 +23,11 @@ What `analyse` reports, per device:
   collectives count and bytes of each kind (all-gather, reduce-scatter, all-reduce,
               all-to-all, collective-permute), the result shapes' bytes times trip counts.
   custom_calls the custom-call targets with their counts (cuDNN attention, cuBLAS GEMMs, ...).
+  kernels     (GPU) the kernels a run of the program launches: the ops outside fusions that
+              XLA:GPU runs as one kernel each (fusions, custom calls, copies, scatters, sorts,
+              collectives, conditionals), times the trip counts of the loops around them; a
+              loop's condition is left out. A count of launches, not of time: it says where a
+              small-batch step is launch-bound (docs/results.md, "One H200").
   optimal_seconds (TPU only) XLA's roofline estimate of the step, scaled by the trip counts its
               cost analysis leaves out (the ratio of counted FLOPs to its FLOPs): an estimate.
 
@@ -179,6 +184,9 @@ def _load_cuda_plugin() -> None:
 # ------------------------------------------------------------------------------ HLO analysis
 
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+# Ops XLA:GPU launches as a kernel of their own where they stand outside a fusion (`kernels`).
+_KERNEL_OPS = frozenset(("fusion", "custom-call", "copy", "scatter", "sort", "conditional")
+                        + COLLECTIVES + tuple(c + "-start" for c in COLLECTIVES))
 _DTYPE_BYTES = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
                 "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
                 "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
@@ -359,8 +367,9 @@ def hlo_costs(text: str) -> dict:
 
   @functools.lru_cache(maxsize=None)
   def cost(name: str) -> tuple:
-    flops, coll, calls = 0.0, {}, {}
+    flops, coll, calls, kernels = 0.0, {}, {}, 0
     for ins in comps.get(name, []):
+      kernels += ins.op in _KERNEL_OPS
       if ins.op == "dot":
         flops += _dot_flops(ins, shapes)
       elif ins.op == "convolution":
@@ -386,19 +395,21 @@ def hlo_costs(text: str) -> dict:
         if role == "to_apply" and ins.op != "call":
           continue  # scalar reducers of reduce / all-reduce / scatter
         times = n_trip + 1 if role == "condition" else (n_trip if role == "body" else 1)
-        f, c, k = cost(callee)
+        f, c, k, n_kernels = cost(callee)
         flops += times * f
+        if ins.op != "fusion" and role != "condition":   # a fusion's body is its one kernel
+          kernels += times * n_kernels
         for kind2, (cn, cb) in c.items():
           n0, b0 = coll.get(kind2, (0, 0))
           coll[kind2] = (n0 + times * cn, b0 + times * cb)
         for t2, cnt in k.items():
           calls[t2] = calls.get(t2, 0) + times * cnt
-    return flops, coll, calls
+    return flops, coll, calls, kernels
 
   if entry is None:
     raise ValueError("no ENTRY computation in the HLO text")
-  flops, coll, calls = cost(entry)
-  return {"flops": flops,
+  flops, coll, calls, kernels = cost(entry)
+  return {"flops": flops, "kernels": int(kernels),
           "collectives": {k: {"count": int(n), "bytes": int(b)} for k, (n, b) in sorted(coll.items())},
           "custom_calls": dict(sorted(calls.items())),
           "unknown_trip_counts": sorted(set(unknown))}

@@ -25,7 +25,7 @@ MOE_DISPATCHES = ("auto", "ragged_dot", "blocked", "gmm")
 GDN_PRECISIONS = ("highest", "high", "default")
 # The values of ModelConfig.gdn_scan: what the chunked delta rule's scan over chunks computes
 # (models/layers/gated_deltanet.py, `chunked_delta_rule`).
-GDN_SCANS = ("outputs", "states")
+GDN_SCANS = ("outputs", "states", "fused")
 # The values of ModelConfig.moe_expert_parallel (models/layers/moe.py, `expert_parallel`).
 MOE_EXPERT_PARALLEL = ("auto", "on", "off")
 

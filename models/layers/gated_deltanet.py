@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from models import config as config_lib
 from models.config import ModelConfig
 from models.layers import common
+from models.layers import gdn_fused
 from models.layers import norm
 
 
@@ -176,7 +177,8 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int, backward: str =
       output with its state's update (four matmuls a step); "states", only the state's
       recurrence (two), every chunk's output, q S + intra v_new, after it at once from the
       states it returns. The same values; "states" returns every chunk's state where the
-      other keeps them for its gradient only.
+      other keeps them for its gradient only. "fused": "states" with the recurrence one GPU
+      kernel a pass, forward and backward (`gdn_fused`; Pallas' interpreter on CPU).
   Returns:
     (out [batch, seq, heads, d_v], final state).
   """
@@ -223,16 +225,19 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int, backward: str =
   k_to_end = k * jnp.exp(to_end)[..., None]
   chunk_decay = jnp.exp(g_cum[..., -1])[..., None, None]
 
-  out, state = _scan_chunks(scan, mm, state, u, w, intra, q_decayed, k_to_end, chunk_decay)
+  out, state = _scan_chunks(scan, prec, state, u, w, intra, q_decayed, k_to_end, chunk_decay)
   out = jnp.moveaxis(out, (0, 2), (1, 3)).reshape(b, n * c, nh, dv)[:, :t]
   return out, state
 
 
-def _scan_chunks(scan: str, mm, state, u, w, intra, q_decayed, k_to_end, chunk_decay):
+def _scan_chunks(scan: str, prec, state, u, w, intra, q_decayed, k_to_end, chunk_decay):
   """The chunked rule's walk over the chunks (each input [n_chunks, batch, heads, ...]):
   returns (out [n_chunks, batch, heads, chunk, d_v], final state). `scan` is
   `chunked_delta_rule`'s: "outputs" computes each chunk's output in the scan, "states" only
-  the state's recurrence, the outputs after it from the states the scan returns."""
+  the state's recurrence, the outputs after it from the states the scan returns; "fused" is
+  "states" with the recurrence one GPU kernel a pass (`gdn_fused`)."""
+  mm = functools.partial(_mm, precision=prec)
+
   def corrected(s, u_i, w_i):        # the chunk's values less what its state predicts
     return u_i - mm(w_i, s)
 
@@ -254,8 +259,11 @@ def _scan_chunks(scan: str, mm, state, u, w, intra, q_decayed, k_to_end, chunk_d
       return update(s, k_i, decay_i, v_new), (s, v_new)
 
     state, (states, v_new) = jax.lax.scan(step, state, (u, w, k_to_end, chunk_decay))
-    return mm(q_decayed, states) + mm(intra, v_new), state
-  raise ValueError(f"model.gdn_scan must be one of {config_lib.GDN_SCANS}, got {scan!r}")
+  elif scan == "fused":
+    states, v_new, state = gdn_fused.walk(u, w, k_to_end, chunk_decay[..., 0, 0], state, prec)
+  else:
+    raise ValueError(f"model.gdn_scan must be one of {config_lib.GDN_SCANS}, got {scan!r}")
+  return mm(q_decayed, states) + mm(intra, v_new), state
 
 
 def recurrent_delta_rule(q, k, v, g, beta, state):

@@ -198,3 +198,16 @@ def test_the_train_step_child_trains_every_weight_as_a_gpu_recipe_does(tmp_path)
   assert calls["train_step"].count("--config.optim.trainable=") == 1
   assert not any(a.startswith("--config.optim.trainable=") and a != "--config.optim.trainable="
                  for a in calls["train_step"])
+
+
+def test_a_model_setting_reaches_every_child_and_the_json(tmp_path):
+  """--set=model.KEY=VALUE (e.g. the Gated DeltaNet's walk) is what all three parts run, and
+  the figures record it; a malformed one is an error naming the flag."""
+  got = _parent(tmp_path, "--smoke", "--set=model.gdn_scan=fused")
+  calls = got["calls"]
+  assert "--set=model.gdn_scan=fused" in calls["model_step"]
+  assert "--config.model.gdn_scan=fused" in calls["train_step"]
+  assert "--set=model.gdn_scan=fused" in calls["decode"]
+  assert got["result"]["settings"] == {"gdn_scan": "fused"}
+  with pytest.raises(SystemExit, match="--set takes model.KEY=VALUE"):
+    accelerator.main(["--smoke", "--set=gdn_scan=fused"], run_child=lambda *a: None)

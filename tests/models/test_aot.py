@@ -53,6 +53,47 @@ def test_flops_count_each_loop_iteration_and_match_the_unrolled_program(target):
   assert counts[False]["unknown_trip_counts"] == []
 
 
+_LOOP_HLO = """HloModule m
+
+%fused_body (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  ROOT %c = f32[8]{0} copy(%p)
+}
+
+%cond (s: (s32[], f32[8])) -> pred[] {
+  %s = (s32[], f32[8]) parameter(0)
+  %i = s32[] get-tuple-element(%s), index=0
+  %n = s32[] constant(5)
+  ROOT %lt = pred[] fusion(%i, %n), kind=kLoop, calls=%fused_body
+}
+
+%body (s: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %s = (s32[], f32[8]) parameter(0)
+  %x = f32[8]{0} get-tuple-element(%s), index=1
+  %a = f32[8]{0} fusion(%x), kind=kLoop, calls=%fused_body
+  %b = f32[8]{0} custom-call(%a), custom_call_target="__cublas$gemm"
+  %c = f32[8]{0} fusion(%b), kind=kLoop, calls=%fused_body
+  %i = s32[] get-tuple-element(%s), index=0
+  ROOT %t = (s32[], f32[8]) tuple(%i, %c)
+}
+
+ENTRY %main (x: f32[8]) -> f32[8] {
+  %x = f32[8]{0} parameter(0)
+  %y = f32[8]{0} fusion(%x), kind=kLoop, calls=%fused_body
+  %z = s32[] constant(0)
+  %t = (s32[], f32[8]) tuple(%z, %y)
+  %w = (s32[], f32[8]) while(%t), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"5"}}
+  ROOT %r = f32[8]{0} get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_kernels_are_the_unfused_ops_times_their_loops_trip_counts():
+  """A fusion outside the loop and three kernels a step (two fusions, a GEMM) over 5 steps:
+  16 launches; the ops inside a fusion's body and the loop's condition are not launches."""
+  assert aot.hlo_costs(_LOOP_HLO)["kernels"] == 1 + 5 * 3
+
+
 def test_collectives_are_counted_with_their_bytes_on_a_tpu_slice():
   devices = aot.target_devices("v5p:2x2x1")
   mesh = Mesh(np.array(devices), ("x",))

@@ -1,0 +1,179 @@
+"""The chunked delta rule's walk over chunks as one GPU kernel a pass (`model.gdn_scan=fused`).
+
+`gated_deltanet.chunked_delta_rule` reduces each chunk of c positions to a few tensors; across
+the chunks only the state's recurrence is sequential (a_i the chunk's total decay, a scalar):
+
+    v_new_i = u_i - w_i S_i                 [c, d_v]     the chunk's values less the predicted
+    S_{i+1} = a_i S_i + k_i^T v_new_i       [d_k, d_v]
+
+As a `lax.scan` this is n steps of small matmuls, each step a handful of GPU kernels, forward,
+recomputed and backward: on an H200 the ~1B model's training step was ~21,000 kernels, three in
+four of them these walks (docs/results.md, "One H200"). Here each walk is one Triton kernel
+(Pallas), one program per (row, head, block of `BLOCK_V` state columns): the block of the state
+stays in the program's registers from the first chunk to the last. The state's columns are
+independent (a_i is a scalar), so the programs share nothing.
+
+The backward is the reverse walk, one kernel too. With G_i the cotangent of S_i (dS_i what the
+caller's use of the returned S_i adds, dv_new_i that of v_new_i):
+
+    G_n = dS_final;   dv_i = dv_new_i + k_i G_{i+1};   G_i = a_i G_{i+1} - w_i^T dv_i + dS_i
+
+and then, for every chunk at once: du_i = dv_i, dw_i = -dv_i S_i^T, dk_i = v_new_i G_{i+1}^T,
+da_i = <S_i, G_{i+1}>. The residuals are the walk's own outputs (S_i, v_new_i) and inputs.
+
+On GPU the kernel is compiled by XLA's Triton pipeline (also when compiling for a GPU target
+from a CPU, `--mode=compile`); on CPU Pallas' interpreter runs the same kernel (the tests). TPU
+has no such kernel here (Pallas for TPU is another kernel language): `fused` is an error there.
+On a mesh the walk runs per device (`jax.shard_map`) over its rows and heads: XLA does not
+partition a Pallas kernel. Each (row, head) must then be whole on one device, which the
+Gated DeltaNet's layout already asks for (the walk runs along the row).
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
+from jax.sharding import PartitionSpec
+
+from models import config as config_lib
+from models import sharding
+
+# State columns a program holds: with d_k = 128 a [128, 32] float32 block is 32 registers a
+# thread of 4 warps. Chosen from the register budget, not timed (no GPU run yet).
+BLOCK_V = 32
+NUM_WARPS = 4
+
+
+def _forward_kernel(u_ref, w_ref, k_ref, a_ref, s0_ref, states_ref, v_new_ref, final_ref, *,
+                    chunks: int, precision):
+  """One program's walk over every chunk: refs [n, c, d] / [n] / [d_k, BLOCK_V]."""
+  def step(i, s):
+    states_ref[i] = s
+    v_new = u_ref[i] - jnp.dot(w_ref[i], s, precision=precision)
+    v_new_ref[i] = v_new
+    return s * a_ref[i] + jnp.dot(k_ref[i].T, v_new, precision=precision)
+
+  final_ref[...] = jax.lax.fori_loop(0, chunks, step, s0_ref[...])
+
+
+def _backward_kernel(w_ref, k_ref, a_ref, d_states_ref, d_v_new_ref, d_final_ref,
+                     g_next_ref, d_v_ref, d_s0_ref, *, chunks: int, precision):
+  """The reverse walk: G_{i+1} and dv_i of every chunk, and G_0 (module docstring)."""
+  def step(j, g):
+    i = chunks - 1 - j
+    g_next_ref[i] = g
+    d_v = d_v_new_ref[i] + jnp.dot(k_ref[i], g, precision=precision)
+    d_v_ref[i] = d_v
+    return g * a_ref[i] - jnp.dot(w_ref[i].T, d_v, precision=precision) + d_states_ref[i]
+
+  d_s0_ref[...] = jax.lax.fori_loop(0, chunks, step, d_final_ref[...])
+
+
+def _spec(x, whole: bool, block_v: int) -> pl.BlockSpec:
+  """A program's block of `x`: [n, rows x heads] decays whole; [rows x heads, d_k, d_v] states
+  and [n, rows x heads, c or d_k, d_v] tensors by columns; `whole`: [n, rows x heads, c, d_k]."""
+  if x.ndim == 2:
+    return pl.BlockSpec((x.shape[0], None), lambda r, j: (0, r))
+  if x.ndim == 3:
+    return pl.BlockSpec((None, x.shape[1], block_v), lambda r, j: (r, 0, j))
+  if whole:
+    return pl.BlockSpec((x.shape[0], None, x.shape[2], x.shape[3]), lambda r, j: (0, r, 0, 0))
+  return pl.BlockSpec((x.shape[0], None, x.shape[2], block_v), lambda r, j: (0, r, 0, j))
+
+
+def _call(kernel, inputs, whole, outputs, interpret: bool):
+  """`kernel` over the grid (rows x heads, d_v / BLOCK_V); `whole[i]`: whether input i is
+  read whole ([n, rows x heads, c, d_k]) rather than by the program's state columns."""
+  rows, dv = outputs[-1].shape[0], outputs[-1].shape[-1]
+  block_v = min(BLOCK_V, dv)
+  if dv % block_v:
+    raise ValueError(f"gdn_scan=fused: the value head dim {dv} is not a multiple of {block_v}")
+  return pl.pallas_call(
+      kernel, out_shape=outputs, grid=(rows, dv // block_v),
+      in_specs=[_spec(x, w, block_v) for x, w in zip(inputs, whole)],
+      out_specs=[_spec(o, False, block_v) for o in outputs],
+      interpret=interpret,
+      compiler_params=None if interpret else pl_triton.CompilerParams(num_warps=NUM_WARPS,
+                                                                      num_stages=1),
+  )(*inputs)
+
+
+# The walk over [n, rows x heads, ...] arrays; `precision` of the kernels' and the gradient's
+# matmuls (`model.gdn_precision`; on a GPU highest is full float32, high / default TF32).
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _walk(u, w, k, a, s0, precision, interpret: bool):
+  return _walk_forward(u, w, k, a, s0, precision, interpret)[0]
+
+
+def _walk_forward(u, w, k, a, s0, precision, interpret: bool):
+  n, rows, c, dv = u.shape
+  dk = w.shape[-1]
+  f32 = jnp.float32
+  outputs = (jax.ShapeDtypeStruct((n, rows, dk, dv), f32),      # S_i, the state before chunk i
+             jax.ShapeDtypeStruct((n, rows, c, dv), f32),       # v_new_i
+             jax.ShapeDtypeStruct((rows, dk, dv), f32))         # S_n
+  kernel = functools.partial(_forward_kernel, chunks=n, precision=precision)
+  states, v_new, final = _call(kernel, (u, w, k, a, s0), (False, True, True, False, False),
+                               outputs, interpret)
+  return (states, v_new, final), (w, k, a, states, v_new)
+
+
+def _walk_backward(precision, interpret: bool, residuals, cotangents):
+  w, k, a, states, v_new = residuals
+  d_states, d_v_new, d_final = cotangents
+  outputs = (jax.ShapeDtypeStruct(states.shape, jnp.float32),   # G_{i+1}
+             jax.ShapeDtypeStruct(v_new.shape, jnp.float32),    # dv_i
+             jax.ShapeDtypeStruct(d_final.shape, jnp.float32))  # G_0
+  kernel = functools.partial(_backward_kernel, chunks=w.shape[0], precision=precision)
+  g_next, d_v, d_s0 = _call(kernel, (w, k, a, d_states, d_v_new, d_final),
+                            (True, True, False, False, False, False), outputs, interpret)
+  einsum = functools.partial(jnp.einsum, precision=precision)
+  d_w = -einsum("nrcv,nrkv->nrck", d_v, states)
+  d_k = einsum("nrcv,nrkv->nrck", v_new, g_next)
+  d_a = einsum("nrkv,nrkv->nr", states, g_next)
+  return d_v, d_w, d_k, d_a, d_s0
+
+
+_walk.defvjp(_walk_forward, _walk_backward)
+
+
+def _walk_local(u, w, k, decay, state, precision, interpret: bool):
+  """`walk` on one device's rows and heads."""
+  n, b, h = u.shape[:3]
+  rows = lambda x: x.reshape(n, b * h, *x.shape[3:])
+  states, v_new, final = _walk(rows(u), rows(w), rows(k), decay.reshape(n, b * h),
+                               state.reshape(b * h, *state.shape[2:]), precision, interpret)
+  return (states.reshape(n, b, h, *states.shape[2:]), v_new.reshape(u.shape),
+          final.reshape(state.shape))
+
+
+def walk(u, w, k, decay, state, precision: str = "highest"):
+  """The states' recurrence over the chunks (module docstring), one kernel a pass.
+
+  Args:
+    u, w, k: [n_chunks, batch, heads, chunk, d] float32 (d: d_v for u, d_k for w and k).
+    decay: [n_chunks, batch, heads] each chunk's total decay a_i.
+    state: [batch, heads, d_k, d_v] float32, the state before the first chunk.
+  Returns:
+    (states [n_chunks, batch, heads, d_k, d_v], the state before each chunk; v_new [n_chunks,
+    batch, heads, chunk, d_v]; the final state).
+  """
+  platform = config_lib.platform()
+  if platform == "tpu":
+    raise ValueError("model.gdn_scan=fused is a GPU (Triton) kernel; on TPU use outputs or "
+                     "states")
+  local = functools.partial(_walk_local, precision=jax.lax.Precision(precision),
+                            interpret=platform not in ("gpu", "cuda", "rocm"))
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1 or all(t == jax.sharding.AxisType.Manual
+                                         for t in mesh.axis_types):
+    return local(u, w, k, decay, state)
+  rules = sharding.rules_from_config(nn.get_logical_axis_rules())
+  rows_heads = sharding.logical_to_spec(("batch", "activation_heads"), rules, mesh,
+                                        state.shape[:2])
+  chunked = PartitionSpec(None, *rows_heads)
+  return jax.shard_map(local, mesh=mesh, in_specs=(chunked,) * 4 + (rows_heads,),
+                       out_specs=(chunked, chunked, rows_heads), check_vma=False)(
+                           u, w, k, decay, state)

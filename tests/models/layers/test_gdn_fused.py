@@ -1,0 +1,122 @@
+"""model.gdn_scan=fused: the chunked delta rule's walk over chunks as one Pallas kernel a pass
+gives the values and gradients of the scan it replaces, on one device and on a mesh, and
+compiles for an H200 to Triton kernels with no loop over the chunks left to XLA."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+
+from configs import base
+from models import aot
+from models import config as config_lib
+from models import qwen3_5
+from models import sharding
+from models.layers import gated_deltanet
+from models.layers import gdn_fused
+
+from tests.models.layers.test_gated_deltanet import _inputs
+
+TRITON = "__gpu$xla.gpu.triton"
+
+
+def _grads(scan: str, batch=2, seq=150, heads=3, dk=16, dv=64, chunk=16, seed=5):
+  """(gradients of q, k, v, g, beta and the initial state, (outputs, final state)) of a
+  weighted sum of the chunked rule's outputs and final state under `scan`, jitted."""
+  q, k, v, a, a_log, beta, s0 = _inputs(jnp.float32, seq=seq, heads=heads, dk=dk, dv=dv)
+  q, k, v, a, beta, s0 = (jnp.concatenate([x] * (batch // 2)) for x in (q, k, v, a, beta, s0))
+  g = -jnp.exp(a_log) * jax.nn.softplus(a)
+  rng = np.random.default_rng(seed)
+  w_out = jnp.asarray(rng.standard_normal(v.shape), jnp.float32)
+  w_state = jnp.asarray(rng.standard_normal(s0.shape), jnp.float32)
+
+  def loss(args):
+    out, state = gated_deltanet.chunked_delta_rule(*args, chunk, "custom", "highest", scan)
+    return jnp.sum(out * w_out) + jnp.sum(state * w_state), (out, state)
+  return jax.jit(jax.grad(loss, has_aux=True)), (q, k, v, g, beta, s0)
+
+
+def _assert_close(got, want, tol=1e-5):
+  (grads_x, (out_x, state_x)), (grads_y, (out_y, state_y)) = got, want
+  np.testing.assert_allclose(out_x, out_y, atol=1e-5)
+  np.testing.assert_allclose(state_x, state_y, atol=1e-5)
+  for name, gx, gy in zip(("q", "k", "v", "g", "beta", "state"), grads_x, grads_y):
+    scale = float(jnp.abs(gy).max())
+    assert scale > 0, name
+    np.testing.assert_allclose(gx, gy, atol=tol * scale, err_msg=name)
+
+
+def test_the_fused_walk_gives_the_scans_values_and_gradients():
+  """Outputs, final state and every input's gradient equal the `states` scan's (its `lax.scan`
+  and autodiff), over 10 chunks with the last one padded (150 in chunks of 16) and value heads
+  of two programs' columns each (64 = 2 x BLOCK_V)."""
+  assert 64 // gdn_fused.BLOCK_V == 2
+  fused, args = _grads("fused")
+  states, _ = _grads("states")
+  _assert_close(fused(args), states(args))
+
+
+def test_the_fused_walk_on_a_mesh_equals_one_device():
+  """On 8 CPU devices, rows split 4 ways and heads 2 ways (`jax.shard_map`: XLA does not
+  partition a Pallas kernel), the values and gradients are one device's."""
+  grad, args = _grads("fused", batch=4, heads=4, seq=70)
+  one = grad(args)
+  c = base.get_config()
+  c.mesh.shape = (2, 2, 1, 2)
+  rules = sharding.rules_from_config(c.mesh.rules)
+  mesh = sharding.make_mesh(c.mesh)
+  with sharding.use_mesh(mesh, rules):
+    placed = tuple(jax.device_put(x, NamedSharding(mesh, sharding.logical_to_spec(
+        ("batch", None, "activation_heads") if x.ndim > 2 else ("batch",), rules, mesh,
+        x.shape))) for x in args[:5]) + (args[5],)
+    on_mesh = grad(placed)
+  _assert_close(on_mesh, one)
+
+
+def test_fused_on_tpu_is_an_error_that_names_the_setting():
+  q, k, v, a, a_log, beta, s0 = _inputs(jnp.float32, seq=32)
+  with config_lib.compiling_for("tpu"), pytest.raises(ValueError, match="gdn_scan=fused"):
+    gated_deltanet.chunked_delta_rule(q, k, v, a, beta, s0, 16, "custom", "highest", "fused")
+
+
+def test_the_model_runs_with_the_fused_walk_as_with_the_scan():
+  """The whole model's loss and gradients with gdn_scan=fused are the default scan's."""
+  m = base.get_model_config()
+  cfg = qwen3_5.config_from_dict(m)
+  params = qwen3_5.init_params(cfg, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 40), 0, cfg.vocab_size)
+
+  def loss_and_grad(c):
+    loss = lambda p: jnp.mean(qwen3_5.forward(c, p, tokens).astype(jnp.float32) ** 2)
+    return jax.jit(jax.value_and_grad(loss))(params)
+  (lf, gf), (ls, gs) = loss_and_grad(cfg.replace(gdn_scan="fused")), loss_and_grad(cfg)
+  np.testing.assert_allclose(lf, ls, rtol=1e-5)
+  for x, y in zip(jax.tree.leaves(gf), jax.tree.leaves(gs)):
+    np.testing.assert_allclose(x, y, atol=1e-5 * float(jnp.abs(y).max()) + 1e-8)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_the_fused_walk_compiles_for_an_h200_to_triton_kernels(devices):
+  """Compiled for H200s from this CPU (XLA:GPU's Triton pipeline), the forward and backward
+  walks are Triton kernels and no loop is left in the program (the scan's were 33 chunk
+  steps: here 33 chunks of 64, a count that is not a power of two); on two GPUs, rows split,
+  the same per device."""
+  targets = aot.target_devices(f"h200:1x{devices}")
+  b, t, h, d = 2, 33 * 64, 4, 128
+  mesh_cfg = base.get_config().mesh
+  mesh_cfg.shape = (devices, 1, 1, 1)
+  mesh = sharding.make_mesh(mesh_cfg, targets)
+  rules = sharding.rules_from_config(mesh_cfg.rules)
+  with config_lib.compiling_for("gpu"), sharding.use_mesh(mesh, rules):
+    row = NamedSharding(mesh, sharding.logical_to_spec(("batch",), rules, mesh, (b,)))
+    shape = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32, sharding=row)
+    args = (shape(b, t, h, d), shape(b, t, h, d), shape(b, t, h, d), shape(b, t, h),
+            shape(b, t, h), shape(b, h, d, d))
+
+    def loss(q, k, v, g, beta, s0):
+      out, state = gated_deltanet.chunked_delta_rule(q, k, v, g, beta, s0, 64, "custom",
+                                                     "highest", "fused")
+      return jnp.sum(out) + jnp.sum(state)
+    hlo = jax.jit(jax.grad(loss, argnums=tuple(range(6)))).lower(*args).compile().as_text()
+  assert hlo.count(f'custom_call_target="{TRITON}"') == 2, "one forward and one backward walk"
+  assert " while(" not in hlo
