@@ -189,7 +189,10 @@ def format_row(row: dict, spec: aot.DeviceSpec) -> str:
     mfu = row.get("estimated_mfu")
     lines.append(f"  compiler estimate: {row['estimated_seconds']:.3f} s a step"
                  + (f", MFU {100 * mfu:.1f}% of {spec.peak_bf16_flops / 1e12:.0f} TFLOP/s" if mfu else ""))
-  calls = {k: v for k, v in row["custom_calls"].items() if "cudnn" in k or "cublas" in k}
+  if spec.platform == "cuda":   # on a TPU the whole program is one launch
+    lines.append(f"  kernels/device a step (launches, loops counted): {row['kernels']:,}")
+  calls = {k: v for k, v in row["custom_calls"].items()
+           if "cudnn" in k or "cublas" in k or "triton" in k}
   if calls:
     lines.append("  library calls: " + ", ".join(f"{k} x{v}" for k, v in calls.items()))
   if row.get("unknown_trip_counts"):

@@ -61,6 +61,19 @@ def test_the_tiny_job_compiles_for_a_tpu_slice_and_for_two_gpus(target):
     assert step["estimated_seconds"] > 0 and 0 < step["estimated_mfu"] < 1
 
 
+def test_the_fused_gated_deltanet_walk_cuts_the_gpu_steps_kernel_launches():
+  """model.gdn_scan=fused compiles the RL step for two H200s with the walk as Triton kernels
+  (in their shard_map) and fewer launches than the scan over chunks, at the same FLOPs."""
+  c = _small(**{"train.seq_len": 1024})
+  scan, = compile_job.run(c, "h200:1x2", ("rl_step",))
+  c.model.gdn_scan = "fused"
+  fused, = compile_job.run(c, "h200:1x2", ("rl_step",))
+  assert fused["custom_calls"].get("__gpu$xla.gpu.triton", 0) > 0
+  assert "__gpu$xla.gpu.triton" not in scan["custom_calls"]
+  assert fused["kernels"] < scan["kernels"] / 2, (fused["kernels"], scan["kernels"])
+  assert fused["flops"] <= scan["flops"]
+
+
 @pytest.mark.parametrize("shape,devices,want", [
     ((1, 2, 8, 1), 16, (1, 2, 8, 1)),     # the config's own slice: as configured
     ((1, 2, 8, 1), 64, (1, 8, 8, 1)),     # a larger slice: fsdp takes the difference
@@ -131,6 +144,7 @@ def test_launch_compile_mode_prints_a_report_and_a_json_last_line():
   last = json.loads(out.stdout.strip().splitlines()[-1])
   assert last["target"] == "h200:1x2" and last["programs"][0]["program"] == "rl_step"
   assert "memory/device:" in out.stdout and "of 141.0" in out.stdout
+  assert "kernels/device a step" in out.stdout and last["programs"][0]["kernels"] > 0
   assert "compiling with mesh.shape (1, 2, 1, 1)" in out.stdout
   # The plan's analytic bytes for the same step, beside the compiler's.
   assert "--mode=plan says" in out.stdout and last["programs"][0]["plan_bytes"] > 0
