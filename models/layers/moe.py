@@ -249,7 +249,10 @@ def blocked_layout(experts, num_experts: int, block: int, first_expert=None):
   row_token = jnp.zeros((rows,), jnp.int32).at[pos_of_pair].set(pair_token, unique_indices=True,
                                                                 mode="drop")
   row_valid = jnp.zeros((rows,), bool).at[pos_of_pair].set(True, unique_indices=True, mode="drop")
-  block_expert = jnp.searchsorted(block_ends, jnp.arange(num_blocks, dtype=jnp.int32), side="right")
+  # Every block against every expert's end at once (one fused compare-and-count; blocks x E is
+  # small): the default binary search is a loop of log2(E) steps, each a few GPU kernels.
+  block_expert = jnp.searchsorted(block_ends, jnp.arange(num_blocks, dtype=jnp.int32),
+                                  side="right", method="compare_all")
   block_expert = jnp.minimum(block_expert, num_experts - 1).astype(jnp.int32)
   return pos_of_pair, row_token, row_valid, block_expert, block_ends[-1]
 

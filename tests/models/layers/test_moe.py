@@ -369,3 +369,19 @@ def test_blocked_moe_forward_and_backward_have_no_sort():
   grad = jax.grad(lambda p, x: jnp.sum(moe.forward(p, x, cfg)[0] ** 2), argnums=(0, 1))
   text = jax.jit(grad).lower(p, x).as_text()
   assert "stablehlo.sort" not in text and "top_k" not in text
+
+
+def test_the_block_layout_has_no_loop_and_gives_each_block_its_expert():
+  """`blocked_layout` finds each block's expert by one compare against every expert's end, not
+  a binary search (a loop of log2(E) + 1 steps, each a few GPU kernels): its program has no loop
+  but `rank_in_group`'s, and the experts are those the rows say, empty experts included."""
+  experts = jnp.asarray([[3, 0], [3, 5], [0, 3], [7, 3]], jnp.int32)
+  layout = jax.jit(moe.blocked_layout, static_argnums=(1, 2))
+  loops = lambda f, *a: jax.jit(f, static_argnums=tuple(range(1, len(a)))).lower(
+      *a).as_text().count("stablehlo.while")
+  assert loops(moe.blocked_layout, experts, 8, 2) == loops(moe.rank_in_group, experts.reshape(-1), 8)
+  assert loops(moe.rank_in_group, experts.reshape(-1), 8) <= 1
+  pos_of_pair, row_token, row_valid, block_expert, used = layout(experts, 8, 2)
+  rows_expert = np.asarray(block_expert).repeat(2)[np.asarray(pos_of_pair)]
+  np.testing.assert_array_equal(rows_expert, np.asarray(experts).reshape(-1))
+  assert int(used) == 5 and list(np.asarray(block_expert)[:5]) == [0, 3, 3, 5, 7]
