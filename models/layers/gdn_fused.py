@@ -149,6 +149,14 @@ def _walk_local(u, w, k, decay, state, precision, interpret: bool):
           final.reshape(state.shape))
 
 
+def _check_triton_shapes(chunk: int, dk: int, dv: int) -> None:
+  """Triton's blocks and dots take powers of two of at least 16 on every side."""
+  for name, n in (("gdn_chunk_size", chunk), ("linear_key_head_dim", dk),
+                  ("the value block, min(BLOCK_V, linear_value_head_dim)", min(BLOCK_V, dv))):
+    if n < 16 or n & (n - 1):
+      raise ValueError(f"model.gdn_scan=fused on GPU needs {name} a power of two >= 16, got {n}")
+
+
 def walk(u, w, k, decay, state, precision: str = "highest"):
   """The states' recurrence over the chunks (module docstring), one kernel a pass.
 
@@ -164,8 +172,11 @@ def walk(u, w, k, decay, state, precision: str = "highest"):
   if platform == "tpu":
     raise ValueError("model.gdn_scan=fused is a GPU (Triton) kernel; on TPU use outputs or "
                      "states")
+  interpret = platform not in ("gpu", "cuda", "rocm")
+  if not interpret:
+    _check_triton_shapes(chunk=u.shape[3], dk=w.shape[4], dv=u.shape[4])
   local = functools.partial(_walk_local, precision=jax.lax.Precision(precision),
-                            interpret=platform not in ("gpu", "cuda", "rocm"))
+                            interpret=interpret)
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1 or all(t == jax.sharding.AxisType.Manual
                                          for t in mesh.axis_types):

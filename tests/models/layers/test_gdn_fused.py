@@ -120,3 +120,13 @@ def test_the_fused_walk_compiles_for_an_h200_to_triton_kernels(devices):
     hlo = jax.jit(jax.grad(loss, argnums=tuple(range(6)))).lower(*args).compile().as_text()
   assert hlo.count(f'custom_call_target="{TRITON}"') == 2, "one forward and one backward walk"
   assert " while(" not in hlo
+
+
+def test_shapes_triton_cannot_tile_are_a_clear_error_on_gpu():
+  """Traced for a GPU, a chunk or head width that is not a power of two >= 16 is named."""
+  q, k, v, a, a_log, beta, s0 = _inputs(jnp.float32, seq=48, dk=24, dv=32)
+  with config_lib.compiling_for("gpu"), pytest.raises(ValueError, match="linear_key_head_dim"):
+    gated_deltanet.chunked_delta_rule(q, k, v, a, beta, s0, 16, "custom", "highest", "fused")
+  q, k, v, a, a_log, beta, s0 = _inputs(jnp.float32, seq=48, dk=16, dv=32)
+  with config_lib.compiling_for("gpu"), pytest.raises(ValueError, match="gdn_chunk_size"):
+    gated_deltanet.chunked_delta_rule(q, k, v, a, beta, s0, 8, "custom", "highest", "fused")
