@@ -15,7 +15,7 @@ from models import sharding
 from models.layers import gated_deltanet
 from models.layers import gdn_fused
 
-from tests.models.layers.test_gated_deltanet import _inputs
+from tests.models.layers.test_gated_deltanet import _assert_rules_agree, _inputs
 
 TRITON = "__gpu$xla.gpu.triton"
 
@@ -36,16 +36,6 @@ def _grads(scan: str, batch=2, seq=150, heads=3, dk=16, dv=64, chunk=16, seed=5)
   return jax.jit(jax.grad(loss, has_aux=True)), (q, k, v, g, beta, s0)
 
 
-def _assert_close(got, want, tol=1e-5):
-  (grads_x, (out_x, state_x)), (grads_y, (out_y, state_y)) = got, want
-  np.testing.assert_allclose(out_x, out_y, atol=1e-5)
-  np.testing.assert_allclose(state_x, state_y, atol=1e-5)
-  for name, gx, gy in zip(("q", "k", "v", "g", "beta", "state"), grads_x, grads_y):
-    scale = float(jnp.abs(gy).max())
-    assert scale > 0, name
-    np.testing.assert_allclose(gx, gy, atol=tol * scale, err_msg=name)
-
-
 def test_the_fused_walk_gives_the_scans_values_and_gradients():
   """Outputs, final state and every input's gradient equal the `states` scan's (its `lax.scan`
   and autodiff), over 10 chunks with the last one padded (150 in chunks of 16) and value heads
@@ -53,7 +43,7 @@ def test_the_fused_walk_gives_the_scans_values_and_gradients():
   assert 64 // gdn_fused.BLOCK_V == 2
   fused, args = _grads("fused")
   states, _ = _grads("states")
-  _assert_close(fused(args), states(args))
+  _assert_rules_agree(fused(args), states(args), 1e-5)
 
 
 def test_the_fused_walk_on_a_mesh_equals_one_device():
@@ -70,7 +60,7 @@ def test_the_fused_walk_on_a_mesh_equals_one_device():
         ("batch", None, "activation_heads") if x.ndim > 2 else ("batch",), rules, mesh,
         x.shape))) for x in args[:5]) + (args[5],)
     on_mesh = grad(placed)
-  _assert_close(on_mesh, one)
+  _assert_rules_agree(on_mesh, one, 1e-5)
 
 
 def test_fused_on_tpu_is_an_error_that_names_the_setting():
