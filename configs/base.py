@@ -314,6 +314,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.weights_poll_s = 0.5     # how often servers look for, and the trainer probes for, a version
   c.rollout.sync_timeout_s = 600.0   # the trainer's wait for every server to serve a published version
   c.rollout.mesh_shape = ()          # the engine's mesh over mesh.axes and mesh.rules; () = mesh.shape (the trainer's devices)
+  c.rollout.whole_weights = False    # every weight but the routed experts (and router) whole on each engine device: no per-step all-gather, fewer slots; False = split as mesh.rules split the trainer's (docs/rollout.md)
   c.rollout.slots = 0                # decode slots (max_concurrent_decodes); 0 = capacity planner, capped at max_slots
   c.rollout.max_slots = 32           # cap on planner-derived slots (the planner sees no activations)
   c.rollout.max_len = references.follows(c.train, "max_context")  # tokens per slot (prompt + sampled), the KV cache length; default = train.max_context

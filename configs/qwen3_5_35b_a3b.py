@@ -27,4 +27,7 @@ def get_config(arg=None):
   # --mode=plan, docs/results.md#memory-plans-of-the-full-size-configs.
   c.train.micro_batches = 128
   c.plan.num_devices = 16
+  # The engine keeps its non-expert weights whole on each device rather than
+  # all-gathering them every decode step (docs/rollout.md, "Engine weights").
+  c.rollout.whole_weights = True
   return c

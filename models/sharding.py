@@ -166,7 +166,8 @@ def logical_to_spec(logical_axes: Sequence[Optional[str]], rules: Rules,
   return PartitionSpec(*spec)
 
 
-def _is_axes_leaf(x) -> bool:
+def is_axes_leaf(x) -> bool:
+  """A leaf of a logical-axes tree: a tuple of axis names (or None)."""
   return isinstance(x, tuple) and all(isinstance(e, str) or e is None for e in x)
 
 
@@ -174,7 +175,7 @@ def tree_shardings(axes_tree: Any, shapes_tree: Any, mesh: Mesh, rules: Rules) -
   """NamedShardings for a pytree, from its logical axes and shapes (ShapeDtypeStructs)."""
   def one(axes, sds):
     return NamedSharding(mesh, logical_to_spec(axes, rules, mesh, sds.shape))
-  return jax.tree.map(one, axes_tree, shapes_tree, is_leaf=_is_axes_leaf)
+  return jax.tree.map(one, axes_tree, shapes_tree, is_leaf=is_axes_leaf)
 
 
 def with_shardings(shapes_tree: Any, shardings_tree: Any = None) -> Any:

@@ -11,12 +11,14 @@ Decode state of one sequence (models/qwen3_5.init_cache), from shapes only:
       are max(kv_heads, tp) (Qwen3.5 has 2 KV heads: TP 8 stores each head 4 times);
   Gated DeltaNet layers (3 in 4): conv state (kernel-1) x conv_dim x cache_bytes plus the
       recurrent state v_heads x d_k x d_v in float32, constant in context length.
-Engine memory = devices x device memory x fraction - weights (total params x weight_bytes)
+Engine memory = devices x device memory x fraction - weights (each weight times the copies the
+engine's layout keeps, `held_params`, x weight_bytes)
 - reserve; concurrent sequences = floor(that / per-sequence bytes). The engine allocates
 every slot at max_len (no paging), so this is exactly its `max_concurrent_decodes` bound.
 """
 import dataclasses
 import math
+import types
 
 import jax
 
@@ -87,6 +89,19 @@ def engine_mesh_shape(config, num_devices: int) -> tuple:
   return sharding.resolve_mesh_shape(config.mesh.axes, shape, num_devices)
 
 
+def engine_rules(config) -> sharding.Rules:
+  """The engine's logical-axis rules (rl/rollout/engine.engine_mesh): `mesh.rules` with whole
+  rows (context parallelism is for the train step's long rows; a cache split by position would
+  cost a collective at every decoded token) and, with `rollout.whole_weights`, no split of any
+  weight's `embed` dimension: the trainer's FSDP rules split every weight so, and each decode
+  step would all-gather them all (3.3 GiB a GPU a step for 35B-A3B on 8 H200s, compiled). The
+  routed experts stay split by the `experts` rule; whole on every device they would not fit."""
+  rules = sharding.without_context_parallel(config.mesh.rules)
+  if config.rollout.whole_weights:
+    rules = sharding.with_targets(rules, embed=None)
+  return rules
+
+
 def plan_from_config(config, num_devices: int = 0) -> Plan:
   """The plan of the `rollout.capacity` section for `config.model`; devices_per_engine 0 = the
   engine mesh's device count on `num_devices` devices (0 = this machine's), device_memory_gib
@@ -102,21 +117,31 @@ def plan_from_config(config, num_devices: int = 0) -> Plan:
               tensor_parallel=c.tensor_parallel,
               weight_bytes=c.weight_bytes or _DTYPE_BYTES[weights_dtype],
               cache_bytes=c.cache_bytes or _DTYPE_BYTES[cache_dtype], reserve_gib=c.reserve_gib,
-              num_params=held_params(config, cfg))
+              num_params=held_params(config, cfg, num_devices))
 
 
-def held_params(config, cfg) -> int:
-  """Weights the engine holds: the model's, and with LoRA the base of each adapted weight
+def held_params(config, cfg, num_devices: int = 0) -> int:
+  """Weights the engine's devices hold together (`plan` divides them over the devices): each
+  weight once per copy its layout keeps (`engine_rules` on the engine's mesh: a weight split
+  over n of the d devices is held d / n times), and with LoRA the base of each adapted weight
   besides the merged one it serves (rl/rollout/engine_weights.py keeps the base to merge each
   sync into)."""
-  total = qwen3_5.count_params(cfg)["total"]
-  spec = lora.from_config(config.lora) if "lora" in config else None
-  if spec is None:
-    return total
   shapes = jax.eval_shape(lambda k: qwen3_5.init_params(cfg, k), jax.random.key(0))
-  adapted = set(lora.adapted_paths(spec, qwen3_5.param_axes(cfg)))
-  return total + sum(math.prod(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(shapes)
-                     if jax.tree_util.keystr(p, simple=True, separator="/") in adapted)
+  axes = qwen3_5.param_axes(cfg)
+  spec = lora.from_config(config.lora) if "lora" in config else None
+  adapted = set(lora.adapted_paths(spec, axes)) if spec is not None else set()
+  mesh = types.SimpleNamespace(shape=dict(zip(
+      config.mesh.axes, engine_mesh_shape(config, num_devices or jax.device_count()))))
+  devices = math.prod(mesh.shape.values())
+  rules = engine_rules(config)
+  flat_axes = jax.tree_util.tree_leaves(axes, is_leaf=sharding.is_axes_leaf)
+  total = 0
+  for (path, x), names in zip(jax.tree_util.tree_leaves_with_path(shapes), flat_axes):
+    split = sharding.logical_to_spec(names, rules, mesh, x.shape)
+    ways = math.prod(mesh.shape[a] for t in split for a in sharding.target_axes(t))
+    copies = 2 if jax.tree_util.keystr(path, simple=True, separator="/") in adapted else 1
+    total += copies * math.prod(x.shape) * devices // ways
+  return total
 
 
 def engine_devices(config, num_devices: int = 0) -> int:
@@ -149,7 +174,7 @@ def slots_the_mesh_splits(config, slots: int, num_devices: int = 0) -> int:
   GiB a GPU of generate arguments where the planner counts 27.1 (32 slots: 20.5 both;
   docs/results.md)."""
   shape = dict(zip(config.mesh.axes, engine_mesh_shape(config, num_devices or jax.device_count())))
-  rules = sharding.without_context_parallel(config.mesh.rules)     # the engine's (engine.py)
+  rules = engine_rules(config)
   ways = math.prod(shape.get(a, 1) for a in sharding.rule_axes(rules, "batch"))
   return int(slots - slots % ways if slots >= ways else slots)
 

@@ -170,8 +170,7 @@ def engine_mesh(config, devices: Optional[Sequence[Any]] = None):
     return None, None
   mesh = sharding.make_mesh(types.SimpleNamespace(axes=tuple(config.mesh.axes), shape=resolved),
                             devices=local[:wanted])
-  # Context parallelism is for the train step's long rows; the engine keeps whole rows.
-  return mesh, sharding.without_context_parallel(config.mesh.rules)
+  return mesh, capacity.engine_rules(config)
 
 
 class QwenEngine(engine_api.Engine):

@@ -61,6 +61,20 @@ def test_the_tiny_job_compiles_for_a_tpu_slice_and_for_two_gpus(target):
     assert step["estimated_seconds"] > 0 and 0 < step["estimated_mfu"] < 1
 
 
+def test_whole_engine_weights_leave_the_decode_step_no_weight_to_gather():
+  """rollout.whole_weights: the generate step for two H200s moves no weight (its FSDP-split
+  weights were all-gathered every step), and the planner's bytes still track its arguments."""
+  gathered = {}
+  for whole in (False, True):
+    rows = {r["program"]: r for r in compile_job.run(
+        _small(**{"rollout.whole_weights": whole}), "h200:1x2", ("engine",))}
+    gen = rows["engine/generate"]
+    gathered[whole] = gen["collectives"].get("all-gather", {}).get("bytes", 0)
+    assert 1.0 <= gen["memory"]["argument"] / gen["planner_bytes_per_device"] < 1.25
+  weights = 2 * qwen3_5.count_params(qwen3_5.config_from_dict(_small().model))["total"]
+  assert gathered[True] == 0 and gathered[False] > weights / 4, (gathered, weights)
+
+
 def test_the_fused_gated_deltanet_walk_cuts_the_gpu_steps_kernel_launches():
   """model.gdn_scan=fused compiles the RL step for two H200s with the walk as Triton kernels
   (in their shard_map) and fewer launches than the scan over chunks, at the same FLOPs."""

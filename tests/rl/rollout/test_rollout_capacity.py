@@ -81,13 +81,43 @@ def test_full_size_configs_serve_the_whole_context_in_bfloat16(module):
   assert c.rollout.max_len == c.train.max_context == 160_000
   p = capacity.plan_from_config(c, c.plan.num_devices)
   cfg = qwen3_5.config_from_dict(c.model)
-  assert p.weight_bytes == 2 * qwen3_5.count_params(cfg)["total"]
+  # rollout.whole_weights (35B-A3B's): every device holds all but the routed experts and the
+  # router's columns whole, and its `expert` axis's share of those (16 / 8 copies over the
+  # devices); without it (397B-A17B's) each weight about once.
+  assert dict(zip(c.mesh.axes, c.mesh.shape))["expert"] == 8
+  if c.rollout.whole_weights:
+    assert p.weight_bytes == 2 * _whole_weights_held(cfg, c.plan.num_devices, 8)
+  else:
+    total = qwen3_5.count_params(cfg)["total"]
+    assert 2 * total <= p.weight_bytes < 2.002 * total
   assert p.engine_memory_bytes == int(c.plan.num_devices * 141 * capacity.GIB * 0.9)
   kept = c.train.prompts_per_step * c.train.samples_per_prompt
   assert c.rollout.turn_cache == kept
   assert p.per_engine >= kept + c.rollout.max_slots
   assert capacity.engine_slots(c, c.plan.num_devices) == c.rollout.max_slots
   assert tuple(c.rollout.stop_ids) == (248046, 248044)   # <|im_end|>, <|endoftext|>
+
+
+def _whole_weights_held(cfg, devices: int, expert_ways: int) -> int:
+  """Parameters an engine's `devices` hold together with rollout.whole_weights: the routed
+  experts and the router split `expert_ways` ways, everything else on every device."""
+  counts = qwen3_5.count_params(cfg)
+  by_expert = counts["routed_experts"] + cfg.num_hidden_layers * cfg.hidden_size * cfg.num_experts
+  return by_expert * devices // expert_ways + (counts["total"] - by_expert) * devices
+
+
+def test_split_weights_are_held_once_and_whole_ones_once_a_device():
+  """The planner's weights are the bytes the engine's layout holds: with rollout.whole_weights
+  off (the trainer's FSDP rules) each weight about once over the engine's devices (vectors no
+  rule splits are on every device), on: all but the routed experts on every device."""
+  c = qwen3_5_35b_a3b.get_config()
+  counts = qwen3_5.count_params(qwen3_5.config_from_dict(c.model))
+  whole = capacity.held_params(c, qwen3_5.config_from_dict(c.model), 16)
+  c.rollout.whole_weights = False
+  split = capacity.held_params(c, qwen3_5.config_from_dict(c.model), 16)
+  assert counts["total"] <= split < 1.001 * counts["total"]
+  assert whole == _whole_weights_held(qwen3_5.config_from_dict(c.model), 16, 8)
+  assert capacity.plan_from_config(c, 16).per_engine > 0
 
 
 def test_a_slot_shorter_than_the_context_is_refused_before_anything_runs():
@@ -140,6 +170,7 @@ def test_planner_slots_are_a_multiple_of_the_devices_that_split_them():
   c = qwen3_5_35b_a3b.get_config()
   c.unlock()
   c.rollout.mesh_shape, c.rollout.max_slots = (1, 1, 8, 1), 1024
+  c.rollout.whole_weights = False       # (the weights' split layout: the figures above)
   p = capacity.plan_from_config(c, 8)
   assert p.per_engine - c.rollout.turn_cache == 49
   assert capacity.engine_slots(c, 8) == 48

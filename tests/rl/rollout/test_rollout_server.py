@@ -240,26 +240,32 @@ def test_weights_synced_from_a_donated_train_state_stay_served(client, server, m
     server.update_weights(old)
 
 
-@pytest.mark.parametrize("context_parallel", [False, True], ids=["rows", "context_parallel"])
+@pytest.mark.parametrize("layout", ["rows", "context_parallel", "whole_weights"])
 def test_engine_on_a_mesh_from_config_serves_the_models_greedy_tokens(config, model, full_forward,
-                                                                      context_parallel):
+                                                                      layout):
   """`rollout.mesh_shape` (1, 2, 2, 2): the engine's params and decode state spread over 8
   devices; served tokens equal the recompute, before and after a weight sync from a train
   layout on the same devices. Under the full-size configs' context-parallel rules the engine
-  keeps whole rows: its slots split over the batch axes, fsdp included."""
+  keeps whole rows: its slots split over the batch axes, fsdp included. With
+  `rollout.whole_weights` no weight's embed dimension is split (the routed experts stay split
+  over `expert`)."""
   cfg, old = model
   c = config.copy_and_resolve_references()
   with c.unlocked():
     c.rollout.mesh_shape = (1, 2, 2, 2)
-    if context_parallel:
+    if layout == "context_parallel":
       c.mesh.rules = sharding.context_parallel_rules(c.mesh.rules, "fsdp")
+    c.rollout.whole_weights = layout == "whole_weights"
   s = serve.build_server(c, params=old, port=0, warmup=False)
   client = TokenClient(s.address, timeout_s=120)
   try:
     assert s.engine.mesh.size == 8
     assert dict(s.engine.programs.rules)["activation_length"] is None
     assert "fsdp" in dict(s.engine.programs.rules)["batch"]
-    assert len(s.engine.load_params().get()[0]["embed"].sharding.device_set) == 8
+    served = s.engine.load_params().get()[0]
+    assert len(served["embed"].sharding.device_set) == 8
+    embed_split = served["embed"].sharding.spec[1:]       # [vocab, embed]
+    assert (embed_split in ((), (None,))) == (layout == "whole_weights"), served["embed"].sharding
     for prompt in PROMPTS[:2]:
       want = greedy_by_recompute(full_forward, old, prompt, 6)
       assert client.generate(prompt, GREEDY, max_tokens=6, stop_ids=[]).ids == want
