@@ -8,8 +8,9 @@ Compiles, for each target, the forward + backward of the accelerator benchmark's
 (benchmarks/accelerator.py `SIZES["1b"]`, bfloat16) over --tokens tokens in rows of --seq, and
 prints the program's temporary bytes (`compiled.memory_analysis()`: what the step holds beyond
 its inputs and outputs, i.e. activations and scratch) beside rl/plan.py's activation estimate for
-the same tokens, and for a GPU the kernels a step launches (`aot.hlo_costs`). Then the same for each part alone, over the same tokens: one attention layer,
-one Gated DeltaNet layer, one MoE feed-forward, the LM head with the log-probabilities, an RMSNorm
+the same tokens, and for a GPU the kernels a step launches (`aot.hlo_costs`). Then the same for
+each part alone, over the same tokens: one attention layer, one Gated DeltaNet layer, one MoE
+feed-forward, the LM head with the log-probabilities, an RMSNorm
 - so a layer kind that holds far more than the plan counts shows by name, in bytes a token:
 
   peak  the temporaries of the part's forward + backward alone (what it keeps for its backward

@@ -609,11 +609,11 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
   the axes `ep` (`_expert_parallel_axes`); where no mesh axis splits the tokens, each device
   runs its experts' pairs of all of them and the partial sums are added (a psum). Nothing is
   dropped: every pair is computed once, on the device holding its expert, and a device's
-  matmul rows are its experts' share of the gathered pairs. The bytes moved a layer are the tokens' activations times the expert ways,
-  in place of the layer's expert weights whole on every device (12.9 GB a layer of
-  Qwen3.5-397B-A17B in bfloat16; 1.6 GB of 35B-A3B). With `ep` empty the experts are gathered
-  whole (their `expert_mlp` split stays: the down projection's partial sums are added over
-  it)."""
+  matmul rows are its experts' share of the gathered pairs. The bytes moved a layer are the
+  tokens' activations times the expert ways, in place of the layer's expert weights whole on
+  every device (12.9 GB a layer of Qwen3.5-397B-A17B in bfloat16; 1.6 GB of 35B-A3B). With
+  `ep` empty the experts are gathered whole (their `expert_mlp` split stays: the down
+  projection's partial sums are added over it)."""
   h = flat.shape[-1]
   mesh = jax.sharding.get_abstract_mesh()
   spec = _experts_spec(p)

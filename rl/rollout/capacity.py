@@ -130,18 +130,24 @@ def held_params(config, cfg, num_devices: int = 0) -> int:
   axes = qwen3_5.param_axes(cfg)
   spec = lora.from_config(config.lora) if "lora" in config else None
   adapted = set(lora.adapted_paths(spec, axes)) if spec is not None else set()
-  mesh = types.SimpleNamespace(shape=dict(zip(
-      config.mesh.axes, engine_mesh_shape(config, num_devices or jax.device_count()))))
-  devices = math.prod(mesh.shape.values())
+  sizes = _engine_axis_sizes(config, num_devices)
+  mesh = types.SimpleNamespace(shape=sizes)     # what logical_to_spec reads of a mesh
+  devices = math.prod(sizes.values())
   rules = engine_rules(config)
-  flat_axes = jax.tree_util.tree_leaves(axes, is_leaf=sharding.is_axes_leaf)
-  total = 0
-  for (path, x), names in zip(jax.tree_util.tree_leaves_with_path(shapes), flat_axes):
+
+  def held(path, names, x):
     split = sharding.logical_to_spec(names, rules, mesh, x.shape)
-    ways = math.prod(mesh.shape[a] for t in split for a in sharding.target_axes(t))
+    ways = math.prod(sizes[a] for t in split for a in sharding.target_axes(t))
     copies = 2 if jax.tree_util.keystr(path, simple=True, separator="/") in adapted else 1
-    total += copies * math.prod(x.shape) * devices // ways
-  return total
+    return copies * math.prod(x.shape) * devices // ways
+  return sum(jax.tree_util.tree_leaves(jax.tree_util.tree_map_with_path(
+      held, axes, shapes, is_leaf=sharding.is_axes_leaf)))
+
+
+def _engine_axis_sizes(config, num_devices: int = 0) -> dict:
+  """{mesh axis: size} of the engine's mesh on `num_devices` devices (0 = this machine's)."""
+  return dict(zip(config.mesh.axes,
+                  engine_mesh_shape(config, num_devices or jax.device_count())))
 
 
 def engine_devices(config, num_devices: int = 0) -> int:
@@ -173,7 +179,7 @@ def slots_the_mesh_splits(config, slots: int, num_devices: int = 0) -> int:
   slot's state whole on every device: 35B-A3B's 49 planner slots on 8 H200s compiled to 160.6
   GiB a GPU of generate arguments where the planner counts 27.1 (32 slots: 20.5 both;
   docs/results.md)."""
-  shape = dict(zip(config.mesh.axes, engine_mesh_shape(config, num_devices or jax.device_count())))
+  shape = _engine_axis_sizes(config, num_devices)
   rules = engine_rules(config)
   ways = math.prod(shape.get(a, 1) for a in sharding.rule_axes(rules, "batch"))
   return int(slots - slots % ways if slots >= ways else slots)
