@@ -281,9 +281,15 @@ def _head_logprobs_fwd(temperature, h, w, targets):
 
 def _head_logprobs_bwd(temperature, residuals, cotangents):
   """With p = softmax(z), z = logits / temperature: d log p_y / dz = onehot(y) - p and
-  d entropy / dz = -p (log p + entropy); the logits' cotangent is dz / temperature, and it meets
-  the two operands of the head's matmul as autodiff's transpose would (float32 against the
-  activation-dtype operand, cast back to that dtype)."""
+  d entropy / dz = -p (log p + entropy); the logits' cotangent is dz / temperature.
+
+  The cotangent is computed in float32 and meets the head's two matmuls in the activation dtype
+  (h's), as the forward matmul's operands do, accumulating in float32. Autodiff's transpose
+  would keep it float32, and the bfloat16 operand would be upcast to meet it: on a GPU both
+  matmuls then ran as float32 GEMMs over [positions, vocab], the largest of a step at 248k
+  tokens of vocabulary, and the cotangent took twice the bytes. Rounding it to bfloat16 is
+  what a bfloat16 LM head's backward gives in MaxText and Megatron-LM; with float32
+  activations (the CPU default) nothing changes."""
   h, w, targets, entropy = residuals
   g_picked, g_entropy = cotangents
   logp = _head_log_softmax(temperature, h, w)
@@ -291,7 +297,7 @@ def _head_logprobs_bwd(temperature, residuals, cotangents):
   onehot = jnp.arange(logp.shape[-1]) == targets[..., None]
   dz = (jnp.where(onehot, g_picked[..., None], 0.0) - p * g_picked[..., None]
         - g_entropy[..., None] * p * (logp + entropy[..., None]))
-  d_logits = dz / temperature
+  d_logits = (dz / temperature).astype(h.dtype)
   lead = tuple(range(h.ndim - 1))
   h_bar = jax.lax.dot_general(d_logits, w, (((h.ndim - 1,), (1,)), ((), ())),
                               preferred_element_type=jnp.float32).astype(h.dtype)

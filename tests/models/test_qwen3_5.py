@@ -387,6 +387,42 @@ def test_chunked_token_logprobs_match_full_logits(model):
     np.testing.assert_allclose(a, b, atol=1e-5 * max(1.0, float(jnp.abs(b).max())))
 
 
+def test_head_backward_matmuls_take_the_activation_dtype(model):
+  """In bfloat16 the logits' cotangent meets the LM head's two backward matmuls as bfloat16
+  (float32 accumulation), as the forward matmul's operands are; the gradients are the float32
+  cotangent's to bfloat16's rounding."""
+  cfg, params = model
+  bf16 = cfg.replace(dtype="bfloat16")
+  hidden = jax.random.normal(jax.random.key(6), (2, 19, cfg.hidden_size))
+  targets = jnp.asarray(np.random.default_rng(6).integers(0, cfg.vocab_size, (2, 19)), jnp.int32)
+
+  def loss(c, p, h):
+    lp, ent = qwen3_5.token_logprobs(c, p, h, targets, temperature=0.7)
+    return jnp.sum(lp) + 0.1 * jnp.sum(ent)
+
+  jaxpr = jax.make_jaxpr(jax.grad(lambda p, h: loss(bf16, p, h), argnums=(0, 1)))(params, hidden)
+  dots = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
+  vocab_dots = [e for e in dots if any(cfg.vocab_size in v.aval.shape for v in e.invars)]
+  assert len(vocab_dots) == 4   # forward, its recompute, and the cotangent against w and h
+  for e in vocab_dots:
+    assert [v.aval.dtype for v in e.invars] == [jnp.bfloat16] * 2, e
+    assert e.outvars[0].aval.dtype == jnp.float32, e
+
+  def float32_cotangent(c, p, h):   # autodiff's transpose: the cotangent stays float32
+    w = p["lm_head"].astype(jnp.bfloat16)
+    logits = jnp.dot(h.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32) / 0.7
+    logp = jax.nn.log_softmax(logits)
+    ent = -jnp.sum(jnp.exp(logp) * logp, -1)
+    return jnp.sum(jnp.take_along_axis(logp, targets[..., None], -1)) + 0.1 * jnp.sum(ent)
+
+  got = jax.jit(jax.grad(lambda p, h: loss(bf16, p, h), argnums=(0, 1)))(params, hidden)
+  want = jax.jit(jax.grad(lambda p, h: float32_cotangent(bf16, p, h), argnums=(0, 1)))(
+      params, hidden)
+  np.testing.assert_allclose(got[0]["lm_head"], want[0]["lm_head"],
+                             atol=2e-2 * float(jnp.abs(want[0]["lm_head"]).max()))
+  np.testing.assert_allclose(got[1], want[1], atol=2e-2 * float(jnp.abs(want[1]).max()))
+
+
 def _param_shardings(cfg, mesh_shape):
   c = base.get_config()
   with c.mesh.unlocked():
