@@ -9,8 +9,10 @@ devices (context parallelism). Compiled from a CPU, the RL step fits at 160k on 
 and on a v5p:2x2x4 slice (91.6 GiB of 95 a chip;
 docs/results.md#full-size-programs-compiled-for-their-targets). Precision and hyperparameters:
 configs/report_recipe.py. On GPUs, `--config.model.gdn_scan=fused` runs each Gated DeltaNet walk
-over its chunks as one kernel (far fewer kernel launches a step; not yet run on a GPU, so not
-the default: docs/accelerators.md#compiling-for-a-slice-from-a-cpu).
+over its chunks as one kernel (far fewer kernel launches a step), and
+`--config.model.decode_attention=fused` each decode step's read of the KV cache (each row to its
+own length, no block copied); neither has run on a GPU yet, so neither is the default:
+docs/accelerators.md#compiling-for-a-slice-from-a-cpu.
 Several hosts: the rollout servers run as their own jobs (`launch.py --mode=serve
 --config.rollout.mesh_shape=...` on each; `rollout.servers` and `rollout.weights_dir` for the
 trainer): an in-process engine serves from one process only (rl/rollout/README.md).

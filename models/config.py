@@ -26,6 +26,9 @@ GDN_PRECISIONS = ("highest", "high", "default")
 # The values of ModelConfig.gdn_scan: what the chunked delta rule's scan over chunks computes
 # (models/layers/gated_deltanet.py, `chunked_delta_rule`).
 GDN_SCANS = ("outputs", "states", "fused")
+# The values of ModelConfig.decode_attention: how a decode step attends to the KV cache
+# (models/layers/attention.py `decode`; models/layers/decode_fused.py).
+DECODE_ATTENTIONS = ("xla", "fused")
 # The values of ModelConfig.moe_expert_parallel (models/layers/moe.py, `expert_parallel`).
 MOE_EXPERT_PARALLEL = ("auto", "on", "off")
 
@@ -73,6 +76,7 @@ class ModelConfig:
   moe_block_chunk: int = -1
   gdn_precision: str = "highest"
   gdn_scan: str = "outputs"
+  decode_attention: str = "xla"
   moe_expert_parallel: str = "auto"
 
   def __post_init__(self):
@@ -105,6 +109,9 @@ class ModelConfig:
                        f"{self.gdn_precision!r}")
     if self.gdn_scan not in GDN_SCANS:
       raise ValueError(f"gdn_scan must be one of {GDN_SCANS}, got {self.gdn_scan!r}")
+    if self.decode_attention not in DECODE_ATTENTIONS:
+      raise ValueError(f"decode_attention must be one of {DECODE_ATTENTIONS}, got "
+                       f"{self.decode_attention!r}")
     if self.moe_expert_parallel not in MOE_EXPERT_PARALLEL:
       raise ValueError(f"moe_expert_parallel must be one of {MOE_EXPERT_PARALLEL}, got "
                        f"{self.moe_expert_parallel!r}")

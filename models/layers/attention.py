@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from models import config as config_lib
 from models.config import ModelConfig
 from models.layers import common
+from models.layers import decode_fused
 from models.layers import norm
 from models.layers import rope
 
@@ -419,7 +420,10 @@ def decode(p, x, pos, cache, cfg: ModelConfig, layer=None):
   q, gate, k, v = _project(p, x, pos[:, None], cfg)
   new = {"k": k[:, 0].astype(cache["k"].dtype), "v": v[:, 0].astype(cache["v"].dtype)}
   cache = write_decoded(cache, new, pos, layer)
-  out, cache = _attend_cached(q[:, 0], cache, new, pos, layer)
+  if cfg.decode_attention == "fused":
+    out = decode_fused.attend(q[:, 0], cache, new, pos, layer)
+  else:
+    out, cache = _attend_cached(q[:, 0], cache, new, pos, layer)
   return _output(p, out[:, None].astype(q.dtype), gate, cfg), cache
 
 

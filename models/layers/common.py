@@ -15,10 +15,16 @@ def constrain(x: jax.Array, logical_axes: tuple) -> jax.Array:
   model runs unchanged on one device, and inside a `shard_map` over every mesh axis (each
   device's own shard: nothing left to lay out).
   """
-  mesh = jax.sharding.get_abstract_mesh()
-  if not mesh.empty and all(t == jax.sharding.AxisType.Manual for t in mesh.axis_types):
+  if inside_shard_map():
     return x
   return nn.with_logical_constraint(x, logical_axes)
+
+
+def inside_shard_map() -> bool:
+  """Whether the code is traced inside a `shard_map` over every mesh axis: each device's own
+  shard, nothing left to lay out or to split again."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return not mesh.empty and all(t == jax.sharding.AxisType.Manual for t in mesh.axis_types)
 
 
 def token_groups(shape) -> tuple[tuple, int, int]:

@@ -39,6 +39,7 @@ from jax.sharding import PartitionSpec
 
 from models import config as config_lib
 from models import sharding
+from models.layers import common
 
 # State columns a program holds: with d_k = 128 a [128, 32] float32 block is 32 registers a
 # thread of 4 warps. Chosen from the register budget, not timed (no GPU run yet).
@@ -178,8 +179,7 @@ def walk(u, w, k, decay, state, precision: str = "highest"):
   local = functools.partial(_walk_local, precision=jax.lax.Precision(precision),
                             interpret=interpret)
   mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or mesh.size == 1 or all(t == jax.sharding.AxisType.Manual
-                                         for t in mesh.axis_types):
+  if mesh.empty or mesh.size == 1 or common.inside_shard_map():
     return local(u, w, k, decay, state)
   rules = sharding.rules_from_config(nn.get_logical_axis_rules())
   rows_heads = sharding.logical_to_spec(("batch", "activation_heads"), rules, mesh,

@@ -88,6 +88,25 @@ def test_the_fused_gated_deltanet_walk_cuts_the_gpu_steps_kernel_launches():
   assert fused["flops"] <= scan["flops"]
 
 
+def test_the_fused_decode_attention_leaves_the_gpu_decode_step_no_loop_over_the_cache():
+  """model.decode_attention=fused compiles the engine's generate step for two H200s with each
+  attention layer's read of the cache one Triton kernel (in its shard_map): the loop over the
+  cache's blocks, whose trip count follows the longest row, is gone, and with it the all-reduce
+  of that length across the devices."""
+  rows = {}
+  for mode in ("xla", "fused"):
+    c = _small(**{"model.decode_attention": mode, "rollout.max_len": 4096})   # 2 blocks
+    gen, = (r for r in compile_job.run(c, "h200:1x2", ("engine",))
+            if r["program"] == "engine/generate")
+    rows[mode] = gen
+  assert rows["xla"]["unknown_trip_counts"] and not rows["fused"]["unknown_trip_counts"]
+  assert rows["fused"]["custom_calls"].get("__gpu$xla.gpu.triton", 0) > 0
+  assert "__gpu$xla.gpu.triton" not in rows["xla"]["custom_calls"]
+  assert rows["fused"]["kernels"] < rows["xla"]["kernels"]
+  reduced = lambda r: r["collectives"].get("all-reduce", {}).get("count", 0)
+  assert reduced(rows["fused"]) < reduced(rows["xla"])
+
+
 @pytest.mark.parametrize("shape,devices,want", [
     ((1, 2, 8, 1), 16, (1, 2, 8, 1)),     # the config's own slice: as configured
     ((1, 2, 8, 1), 64, (1, 8, 8, 1)),     # a larger slice: fsdp takes the difference
