@@ -153,12 +153,13 @@ def _run_layers(cfg: ModelConfig, params, x, positions, cache=None, lengths=None
   """Scans the layer cycle over x [batch, seq, embed]. Returns (x, router logits, cache).
 
   The cache's layers are scanned inputs and the new cache the scan's outputs, except when
-  decoding: the attention layers' key/value caches then ride in the scan's carry, stacked,
-  each layer writing its token and reading its blocks in place. As scanned inputs and
-  outputs they would be copied whole every step (tests/models/test_qwen3_5.py).
+  decoding: every layer's cache then rides in the scan's carry, stacked. An attention layer
+  writes its token and reads its blocks in place; a Gated DeltaNet layer reads its cycle's
+  state and writes the new one back in place. As scanned inputs and outputs they would be
+  copied whole every step (tests/models/test_qwen3_5.py).
   """
   adapters = params.get("lora")   # lora.attach: merged here one layer at a time
-  carried = [mode == "decode" and layer_type == FULL for layer_type in cfg.cycle]
+  carried = [mode == "decode"] * len(cfg.cycle)
 
   def cycle_body(carry, xs):
     x, kv = carry
@@ -167,15 +168,21 @@ def _run_layers(cfg: ModelConfig, params, x, positions, cache=None, lengths=None
     kv = list(kv)
     for j, layer_type in enumerate(cfg.cycle):
       c = None if block_cache is None else block_cache[j]
-      if carried[j]:
+      in_place = carried[j] and layer_type == FULL     # attention.decode indexes the stack
+      if in_place:
         c = kv[j]
+      elif carried[j]:
+        c = jax.tree.map(lambda a: a[cycle], kv[j])
       p = block_params[j]
       if block_adapters is not None:
         p = lora.merge_block(p, block_adapters[j], adapters["scale"])
       x, r, c = _block(p, x, positions, cfg, layer_type, c, lengths, mode,
-                       layer=cycle if carried[j] else None)
-      if carried[j]:
+                       layer=cycle if in_place else None)
+      if in_place:
         kv[j], c = c, None
+      elif carried[j]:
+        kv[j] = jax.tree.map(lambda a, n: a.at[cycle].set(n.astype(a.dtype)), kv[j], c)
+        c = None
       router.append(r)
       new_cache.append(c)
     return (x, tuple(kv)), (tuple(router), None if block_cache is None else tuple(new_cache))
@@ -327,7 +334,7 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> dict:
 
   {"pos": [batch] int32 (tokens cached so far), "blocks": tuple over cycle positions of
    attention: {"k", "v": [cycles, batch, max_len, kv_heads, head_dim]}
-   linear:    {"conv": [cycles, batch, kernel-1, conv_dim], "ssm": [cycles, batch, v_heads, d_k, d_v] f32}}
+   linear:    {"conv": [cycles, batch, kernel-1, conv_dim], "ssm": [cycles, batch, v_heads, d_v, d_k] f32}}
   Only attention layers grow with max_len; the GDN state is constant in context length.
   """
   dt = jnp.dtype(dtype or cfg.dtype)
@@ -340,8 +347,8 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> dict:
     else:
       blocks.append({
           "conv": jnp.zeros((n, batch, cfg.linear_conv_kernel_dim - 1, cfg.gdn_conv_dim), dt),
-          "ssm": jnp.zeros((n, batch, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
-                            cfg.linear_value_head_dim), jnp.float32)})
+          "ssm": jnp.zeros((n, batch, cfg.linear_num_value_heads, cfg.linear_value_head_dim,
+                            cfg.linear_key_head_dim), jnp.float32)})
   return {"pos": jnp.zeros((batch,), jnp.int32), "blocks": tuple(blocks)}
 
 
@@ -354,7 +361,7 @@ def cache_axes(cfg: ModelConfig) -> dict:
       blocks.append({"k": kv, "v": kv})
     else:
       blocks.append({"conv": ("layers", "batch", "conv_kernel", "gdn_qkv"),
-                     # d_k, d_v unnamed: one logical name may appear once per array
+                     # d_v, d_k unnamed: one logical name may appear once per array
                      "ssm": ("layers", "batch", "gdn_heads", None, None)})
   return {"pos": ("batch",), "blocks": tuple(blocks)}
 

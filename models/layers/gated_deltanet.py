@@ -267,13 +267,19 @@ def _scan_chunks(scan: str, prec, state, u, w, intra, q_decayed, k_to_end, chunk
 
 
 def recurrent_delta_rule(q, k, v, g, beta, state):
-  """The same rule one step at a time (decode; also the reference for the chunked form)."""
+  """The same rule one step at a time (decode; also the reference for the chunked form).
+
+  `state` and the returned state are S transposed, [b, h, d_v, d_k]: the cache's layout
+  (`forward`). Each step's two reads of S contract over d_k, and XLA:GPU lays S out with d_k
+  minor for them; a cache stored [.., d_k, d_v] was transposed whole into that layout and back
+  around every decode step's layer loop (three times the state's own traffic).
+  """
   def step(s, xs):
     q_t, k_t, v_t, g_t, beta_t = xs                                # [b, h, d]..., [b, h]
     s = s * jnp.exp(g_t)[..., None, None]
-    predicted = jnp.einsum("bhkv,bhk->bhv", s, k_t, precision=_HIGHEST)
-    s = s + jnp.einsum("bhk,bhv->bhkv", k_t, (v_t - predicted) * beta_t[..., None], precision=_HIGHEST)
-    return s, jnp.einsum("bhkv,bhk->bhv", s, q_t, precision=_HIGHEST)
+    predicted = jnp.einsum("bhvk,bhk->bhv", s, k_t, precision=_HIGHEST)
+    s = s + jnp.einsum("bhv,bhk->bhvk", (v_t - predicted) * beta_t[..., None], k_t, precision=_HIGHEST)
+    return s, jnp.einsum("bhvk,bhk->bhv", s, q_t, precision=_HIGHEST)
 
   xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, g, beta))
   state, out = jax.lax.scan(step, state, xs)
@@ -298,8 +304,9 @@ def forward(p, x, cfg: ModelConfig, state=None, lengths=None, rule: str = "chunk
   """Gated DeltaNet over x [batch, seq, embed].
 
   Args:
-    state: optional {"conv": [b, kernel-1, conv_dim], "ssm": [b, v_heads, d_k, d_v] f32}
-      to continue from (decode) or None to start from zeros.
+    state: optional {"conv": [b, kernel-1, conv_dim], "ssm": [b, v_heads, d_v, d_k] f32, the
+      delta rule's state S transposed (`recurrent_delta_rule` says why)} to continue from
+      (decode) or None to start from zeros.
     lengths: optional [batch] valid lengths of a right-padded batch. Padded steps neither
       decay nor write the state, so the returned state is each row's state at its length.
     rule: "chunked" (training, prefill) or "recurrent" (decode).
@@ -339,7 +346,7 @@ def _mix(p, qkv, z, beta_in, a, state, lengths, cfg: ModelConfig, rule: str):
     qkv: [b, t, conv_dim] the conv's input; z: [b, t, v_heads * d_v]; beta_in, a: [b, t,
       v_heads], all in the activation dtype.
     state: as in `forward`; None starts from zeros (made here, so the gradient does not keep
-      a [b, v_heads, d_k, d_v] array of zeros).
+      a [b, v_heads, d_v, d_k] array of zeros).
   Returns:
     (gated, normed output [b, t, v_heads * d_v], conv state [b, kernel-1, conv_dim], ssm state).
   """
@@ -350,7 +357,7 @@ def _mix(p, qkv, z, beta_in, a, state, lengths, cfg: ModelConfig, rule: str):
   kernel = cfg.linear_conv_kernel_dim
   if state is None:
     state = {"conv": jnp.zeros((b, kernel - 1, cfg.gdn_conv_dim), dt),
-             "ssm": jnp.zeros((b, nv, dk, dv), jnp.float32)}
+             "ssm": jnp.zeros((b, nv, dv, dk), jnp.float32)}
   z = z.reshape(b, t, nv, dv)
   beta = jax.nn.sigmoid(beta_in.astype(jnp.float32))
   a = a.astype(jnp.float32)
@@ -383,8 +390,10 @@ def _mix(p, qkv, z, beta_in, a, state, lengths, cfg: ModelConfig, rule: str):
   g, beta = common.constrain(g, heads), common.constrain(beta, heads)
   z = common.constrain(z, heads + (None,))
   if rule == "chunked":
-    out, ssm = chunked_delta_rule(q, k, v, g, beta, state["ssm"], chunk_size(cfg),
-                                  cfg.gdn_backward, cfg.gdn_precision, cfg.gdn_scan)
+    out, ssm = chunked_delta_rule(q, k, v, g, beta, jnp.swapaxes(state["ssm"], -1, -2),
+                                  chunk_size(cfg), cfg.gdn_backward, cfg.gdn_precision,
+                                  cfg.gdn_scan)
+    ssm = jnp.swapaxes(ssm, -1, -2)
   elif rule == "recurrent":
     out, ssm = recurrent_delta_rule(q, k, v, g, beta, state["ssm"])
   else:

@@ -27,9 +27,9 @@ def test_chunked_and_recurrent_forms_agree(chunk):
   q, k, v, a, a_log, beta, s0 = _inputs(jnp.float32)
   g = -jnp.exp(a_log) * jax.nn.softplus(a)
   out_c, s_c = gated_deltanet.chunked_delta_rule(q, k, v, g, beta, s0, chunk)
-  out_r, s_r = gated_deltanet.recurrent_delta_rule(q, k, v, g, beta, s0)
+  out_r, s_r = gated_deltanet.recurrent_delta_rule(q, k, v, g, beta, jnp.swapaxes(s0, 2, 3))
   np.testing.assert_allclose(out_c, out_r, atol=2e-5)
-  np.testing.assert_allclose(s_c, s_r, atol=2e-5)
+  np.testing.assert_allclose(s_c, jnp.swapaxes(s_r, 2, 3), atol=2e-5)   # S, and S transposed
 
 
 def _decay_grad(dtype):
@@ -157,8 +157,8 @@ def _layer_inputs(seq=45, batch=2):
   state = {"conv": jnp.asarray(rng.standard_normal((batch, cfg.linear_conv_kernel_dim - 1,
                                                     cfg.gdn_conv_dim)), jnp.float32),
            "ssm": jnp.asarray(rng.standard_normal((batch, cfg.linear_num_value_heads,
-                                                   cfg.linear_key_head_dim,
-                                                   cfg.linear_value_head_dim)) * 0.1, jnp.float32)}
+                                                   cfg.linear_value_head_dim,
+                                                   cfg.linear_key_head_dim)) * 0.1, jnp.float32)}
   return cfg, p, x, state
 
 

@@ -78,8 +78,11 @@ def test_a_sync_moves_only_the_adapters_and_engine_logprobs_equal_the_train_reco
   seq = PROMPT + out.ids
   # The train step's recompute: the base with adapters merged layer by layer in the scan.
   want = _recompute_logprobs(cfg, lora.attach(base, adapters, spec.scale), seq)
+  # The engine decodes with the recurrent Gated DeltaNet, the train step runs the chunked form:
+  # float32 sums in another order, ~1.3e-4 apart after 10 tokens on some x86 CPUs (1e-4 held
+  # on others). A merge or sync that went wrong moves them by whole units.
   np.testing.assert_allclose(np.asarray(out.logprobs, np.float32),
-                             want[len(PROMPT):len(seq)], atol=1e-4, rtol=0)
+                             want[len(PROMPT):len(seq)], atol=3e-4, rtol=0)
 
 
 def test_greedy_tokens_after_syncs_are_the_merged_models_and_syncs_do_not_accumulate(
