@@ -9,6 +9,7 @@ import pytest
 from safetensors.flax import load_file, save_file
 
 from configs import base
+from models import aot
 from models import config as config_lib
 from models import hf_io
 from models import qwen3_5
@@ -490,3 +491,28 @@ def test_decode_step_temporaries_do_not_grow_with_the_cache_capacity(layers):
     cache_bytes[max_len] = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache))
   assert temp[16384] <= 1.1 * temp[4096], temp
   assert temp[16384] < 0.1 * cache_bytes[16384], (temp, cache_bytes)
+
+
+def test_the_gpu_decode_step_neither_transposes_nor_copies_the_gated_deltanet_state():
+  """Compiled for an H200 from this CPU, the decode step reads and writes each Gated DeltaNet
+  layer's state in place: no kernel outside the layer loop transposes or copies a stacked
+  state (with the state stored [.., d_k, d_v] and scanned as the loop's inputs and outputs,
+  each step transposed every state into the loop's d_k-minor layout and back, and copied it)."""
+  cfg = _tiny(num_hidden_layers=8, linear_key_head_dim=32, linear_value_head_dim=64)
+  dev = aot.target_devices("h200:1x1")[0]
+  on = jax.sharding.SingleDeviceSharding(dev)
+  shaped = lambda tree: jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on), tree)
+  params = shaped(jax.eval_shape(lambda: qwen3_5.init_params(cfg, jax.random.key(0))))
+  cache = shaped(jax.eval_shape(lambda: qwen3_5.init_cache(cfg, 8, 256)))
+  with config_lib.compiling_for("gpu"):
+    hlo = jax.jit(qwen3_5.decode_step, static_argnums=0, donate_argnums=2).lower(
+        cfg, params, cache, jax.ShapeDtypeStruct((8,), jnp.int32, sharding=on)).compile().as_text()
+  ssm = next(b["ssm"].shape for b in cache["blocks"] if "ssm" in b)
+  assert ssm[-2:] == (64, 32)                               # stored [.., d_v, d_k]
+  state = "f32[" + ",".join(map(str, ssm)) + "]"
+  entry = hlo[hlo.index("\nENTRY "):]
+  moved = [line for line in entry.splitlines()
+           if line.lstrip().startswith("%") and f"= {state}" in line
+           and (" copy(" in line or "transpose" in line.split("=")[0])]
+  assert not moved, moved
