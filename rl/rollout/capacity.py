@@ -105,14 +105,20 @@ def engine_rules(config) -> sharding.Rules:
 def plan_from_config(config, num_devices: int = 0) -> Plan:
   """The plan of the `rollout.capacity` section for `config.model`; devices_per_engine 0 = the
   engine mesh's device count on `num_devices` devices (0 = this machine's), device_memory_gib
-  0 = the plan section's."""
+  0 = the plan section's. A devices_per_engine given plans an engine of that many devices
+  (laid out as `rollout.mesh_shape` on them), whatever this machine has."""
   c = config.rollout.capacity
   cfg = qwen3_5.config_from_dict(config.model)
+  if c.devices_per_engine:
+    num_devices = c.devices_per_engine
+    if engine_devices(config, num_devices) != num_devices:
+      raise ValueError(f"rollout.capacity.devices_per_engine={num_devices} but the engine's mesh "
+                       f"(rollout.mesh_shape) has {engine_devices(config, num_devices)} devices")
   cache_dtype = config.rollout.cache_dtype or cfg.dtype
   weights_dtype = config.rollout.weights_dtype or cfg.param_dtype
   return plan(cfg, context_len=c.context_len or config.rollout.max_len,
               device_memory_gib=c.device_memory_gib or config.plan.device_memory_gib,
-              devices_per_engine=c.devices_per_engine or engine_devices(config, num_devices),
+              devices_per_engine=engine_devices(config, num_devices),
               memory_fraction=c.memory_fraction, num_engines=c.num_engines,
               tensor_parallel=c.tensor_parallel,
               weight_bytes=c.weight_bytes or _DTYPE_BYTES[weights_dtype],

@@ -120,6 +120,23 @@ def test_split_weights_are_held_once_and_whole_ones_once_a_device():
   assert capacity.plan_from_config(c, 16).per_engine > 0
 
 
+def test_a_planned_engine_size_counts_its_own_layout_not_this_machines():
+  """rollout.capacity.devices_per_engine plans an engine this machine may not have: its weights
+  are held as that engine's mesh lays them out (whole weights: on each of its devices), the
+  same plan as on a machine of that many devices; an engine mesh of another size is an error."""
+  c = qwen3_5_35b_a3b.get_config()
+  c.rollout.mesh_shape = (1, 1, -1, 1)
+  on_eight = capacity.plan_from_config(c, 8)
+  c.rollout.capacity.devices_per_engine = 8
+  planned = capacity.plan_from_config(c, 1)
+  assert planned == on_eight
+  assert planned.weight_bytes == 2 * _whole_weights_held(
+      qwen3_5.config_from_dict(c.model), 8, 8)
+  c.rollout.mesh_shape = (1, 1, 4, 1)
+  with pytest.raises(ValueError, match="devices_per_engine=8 but the engine's mesh"):
+    capacity.plan_from_config(c, 1)
+
+
 def test_a_slot_shorter_than_the_context_is_refused_before_anything_runs():
   c = tiny_cpu.get_config()
   c.unlock()
