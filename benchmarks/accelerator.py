@@ -187,6 +187,9 @@ def parse_args(argv=None):
                   help="a model config setting for every part (repeatable) that changes no "
                   "shape (the FLOPs and parameter counts are the size's), e.g. "
                   "model.gdn_scan=fused")
+  ap.add_argument("--decode_prompt_len", type=int, default=0,
+                  help="decode's prompt length (0 = the size's: 256 for 1b); a long one, e.g. "
+                  "8192, is where model.decode_attention=fused reads less than xla")
   ap.add_argument("--timeout", type=float, default=100.0,
                   help="seconds per benchmark (decode: twice)")
   return ap.parse_args(argv)
@@ -207,7 +210,9 @@ def main(argv=None, run_child=None):
   run_child = run_child or _run
   settings = dict(_model_setting(s) for s in args.set)
   size_name = "smoke" if args.smoke else "1b"
-  size, run = SIZES[size_name], RUNS[size_name]
+  size, run = SIZES[size_name], dict(RUNS[size_name])
+  if args.decode_prompt_len:
+    run["prompt_len"] = args.decode_prompt_len
   dtype = "bfloat16"   # params and compute, the smoke run too: the dtype the GPU runs
   out_dir = os.path.join(REPO, args.out) if not os.path.isabs(args.out) else args.out
   os.makedirs(out_dir, exist_ok=True)
@@ -233,7 +238,8 @@ def main(argv=None, run_child=None):
             "model": size,
             "params": counts["total"], "active_params": counts["active"],
             "peak_flops": figures[0] if figures else None,
-            "hbm_bytes_per_s": figures[1] if figures else None, "settings": settings}
+            "hbm_bytes_per_s": figures[1] if figures else None, "settings": settings,
+            "decode_prompt_len": run["prompt_len"]}
   py = sys.executable
   over = {**model_overrides(size, dtype), **settings}
 

@@ -211,3 +211,15 @@ def test_a_model_setting_reaches_every_child_and_the_json(tmp_path):
   assert got["result"]["settings"] == {"gdn_scan": "fused"}
   with pytest.raises(SystemExit, match="--set takes model.KEY=VALUE"):
     accelerator.main(["--smoke", "--set=gdn_scan=fused"], run_child=lambda *a: None)
+
+
+def test_a_long_decode_prompt_reaches_the_decode_child_and_its_roofline(tmp_path):
+  """--decode_prompt_len: the decode child's prompts, and the roofline's context, are that
+  long (the cache the fused decode attention reads in place); the JSON records it."""
+  short = _parent(tmp_path, "--gpu_name=NVIDIA H200")
+  long = _parent(tmp_path, "--gpu_name=NVIDIA H200", "--decode_prompt_len=8192")
+  assert "--prompt_len=8192" in long["calls"]["decode"]
+  assert "--prompt_len=256" in short["calls"]["decode"]
+  assert long["result"]["decode_prompt_len"] == 8192
+  roof = lambda r: r["result"]["decode"]["roofline"]["8"]["roofline_tokens_per_s"]
+  assert roof(long) < roof(short)
