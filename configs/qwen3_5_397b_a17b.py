@@ -21,8 +21,8 @@ AdamW moments); the layout `h200x128`, 16 nodes of 8 H200, fits (110.6 GiB of 14
   python launch.py --mode=compile --config=configs/qwen3_5_397b_a17b.py:h200x128 --config.compile.target=h200:16x8
 
 rows as in `v5p512`, 2 at a time over `data`, the weights over all 128 GPUs (~1.5 minutes).
-On GPUs, `--config.model.gdn_scan=fused` and `--config.model.decode_attention=fused`: as in
-configs/qwen3_5_35b_a3b.py.
+On GPUs, `--config.model.gdn_scan=fused`, `--config.model.decode_attention=fused` and
+`--config.model.moe_dispatch=blocked_fused`: as in configs/qwen3_5_35b_a3b.py.
 Several hosts: the rollout servers run as their own jobs (`launch.py --mode=serve
 --config.rollout.mesh_shape=...` on each; `rollout.servers` and `rollout.weights_dir` for the
 trainer): an in-process engine serves from one process only (rl/rollout/README.md).

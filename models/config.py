@@ -19,7 +19,7 @@ FULL = "full_attention"
 # The values of ModelConfig.attention_impl and .moe_dispatch (models/layers/attention.py and
 # models/layers/moe.py say what each does).
 ATTENTION_IMPLS = ("auto", "reference", "xla", "cudnn")
-MOE_DISPATCHES = ("auto", "ragged_dot", "blocked", "gmm")
+MOE_DISPATCHES = ("auto", "ragged_dot", "blocked", "blocked_fused", "gmm")
 # The values of ModelConfig.gdn_precision: the precision of the chunked delta rule's float32
 # matmuls (jax.lax.Precision names; models/layers/gated_deltanet.py).
 GDN_PRECISIONS = ("highest", "high", "default")

@@ -96,13 +96,14 @@ def param_axes(cfg: ModelConfig) -> dict:
 # -- forward ------------------------------------------------------------------------------
 
 def _block(p, x, positions, cfg: ModelConfig, layer_type: str, cache, lengths, mode: str,
-           layer=None):
+           layer=None, experts_layer=None):
   """One pre-norm residual block: mixer then feed-forward. Returns (x, router logits, cache).
 
   mode: "prefill" (a whole sequence from position 0), "extend" (a continuation of the cached
   prefix in `cache`), "append" (a continuation written into a decode-layout cache) or "decode"
   (one token per row against the cache; an attention layer's cache is then every cycle's
-  stacked one, `layer` the index of this block's cycle in it).
+  stacked one, `layer` the index of this block's cycle in it). `experts_layer`: p's routed
+  experts are every cycle's stack and this block's cycle is that index (`moe.forward`).
   """
   # The named scopes label each part's ops in a profile (op names "gdn/...", "moe/...").
   h = norm.rms_norm(x, p["input_norm"], cfg.rms_norm_eps)
@@ -122,7 +123,7 @@ def _block(p, x, positions, cfg: ModelConfig, layer_type: str, cache, lengths, m
   h = norm.rms_norm(x, p["post_norm"], cfg.rms_norm_eps)
   with jax.named_scope("moe" if cfg.use_moe else "mlp"):
     if cfg.use_moe:
-      h, router_logits = moe.forward(p["ffn"], h, cfg)
+      h, router_logits = moe.forward(p["ffn"], h, cfg, layer=experts_layer)
     else:
       h, router_logits = moe.swiglu(p["ffn"], h, cfg.jnp_dtype), None
   x = x + h.astype(x.dtype)
@@ -160,6 +161,7 @@ def _run_layers(cfg: ModelConfig, params, x, positions, cache=None, lengths=None
   """
   adapters = params.get("lora")   # lora.attach: merged here one layer at a time
   carried = [mode == "decode"] * len(cfg.cycle)
+  blocks_params, experts = _split_stacked_experts(cfg, params["blocks"], mode, adapters)
 
   def cycle_body(carry, xs):
     x, kv = carry
@@ -174,10 +176,13 @@ def _run_layers(cfg: ModelConfig, params, x, positions, cache=None, lengths=None
       elif carried[j]:
         c = jax.tree.map(lambda a: a[cycle], kv[j])
       p = block_params[j]
+      if experts[j] is not None:
+        p = dict(p, ffn=dict(p["ffn"], **experts[j]))
       if block_adapters is not None:
         p = lora.merge_block(p, block_adapters[j], adapters["scale"])
       x, r, c = _block(p, x, positions, cfg, layer_type, c, lengths, mode,
-                       layer=cycle if in_place else None)
+                       layer=cycle if in_place else None,
+                       experts_layer=cycle if experts[j] is not None else None)
       if in_place:
         kv[j], c = c, None
       elif carried[j]:
@@ -196,11 +201,31 @@ def _run_layers(cfg: ModelConfig, params, x, positions, cache=None, lengths=None
     blocks_cache = tuple(None if c else b for b, c in zip(blocks_cache, carried))
   blocks_adapters = None if adapters is None else adapters["blocks"]
   (x, kv), (router, new_blocks) = jax.lax.scan(
-      cycle_body, (x, kv), (params["blocks"], blocks_cache, blocks_adapters,
+      cycle_body, (x, kv), (blocks_params, blocks_cache, blocks_adapters,
                             jnp.arange(cfg.num_cycles)), unroll=scan_unroll(cfg))
   if any(carried):
     new_blocks = tuple(k if c else b for k, b, c in zip(kv, new_blocks, carried))
   return x, router, new_blocks
+
+
+_ROUTED = ("wi_gate", "wi_up", "wo")
+
+
+def _split_stacked_experts(cfg: ModelConfig, blocks, mode: str, adapters):
+  """(the blocks the layer scan slices, each cycle position's routed experts left whole or None).
+
+  With `moe_dispatch=blocked_fused` a decode step (no adapters merged in the scan: the engine
+  serves merged weights) leaves the routed experts out of the scan's inputs: the kernel reads
+  each cycle's from the whole stack by its index, where the scan's slice of them would be
+  copied out for the kernel (the layer's every expert, each step)."""
+  none = (None,) * len(blocks)
+  if (mode != "decode" or adapters is not None or not cfg.use_moe
+      or moe.dispatch_of(cfg) != "blocked_fused"):
+    return blocks, none
+  experts = tuple({k: b["ffn"][k] for k in _ROUTED} for b in blocks)
+  rest = tuple(dict(b, ffn={k: v for k, v in b["ffn"].items() if k not in _ROUTED})
+               for b in blocks)
+  return rest, experts
 
 
 def forward_hidden(cfg: ModelConfig, params, tokens, positions=None):

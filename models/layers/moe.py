@@ -27,6 +27,11 @@ over the mesh stay split and the tokens move to them (expert parallelism, `_rout
               gathered per block ([blocks, embed, expert_mlp]) and applied by a batched
               matmul, `blocks_per_step` blocks at a time. Padding rows are zero and never read back, so results and gradients are
               those of the exact computation. Cost: rows <= n*k + min(E, n*k) * (block - 1).
+  blocked_fused  `blocked`, each matmul one Triton kernel reading every block's expert
+              matrix where it lies (`moe_fused.block_matmul`: no per-block copies in the
+              forward pass; the backward is `blocked`'s). GPU (CPU interprets it; not TPU).
+              A decode step hands it every layer's stacked experts and the layer's index
+              (`forward`'s `layer`), so that not even the layer's slice is copied.
   gmm         each expert's rows against its weights by jax's grouped-matmul kernel for TPU
               (Pallas `megablox`): no per-block weight copies. On TPU only (elsewhere Pallas'
               interpreter runs it: tests), for widths that are multiples of 128 (`gmm_fits`).
@@ -45,6 +50,7 @@ from models import config as config_lib
 from models import sharding
 from models.config import ModelConfig
 from models.layers import common
+from models.layers import moe_fused
 
 
 def init_mlp(key, hidden, inter, std, dt, prefix=""):
@@ -295,8 +301,8 @@ def _steps_used(step: int, steps: int, used_blocks):
   return steps if used_blocks is None else (used_blocks + step - 1) // step
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _expert_matmul(xs, w, block_expert, step, used_blocks=None):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _expert_matmul(xs, w, block_expert, step, fused, used_blocks=None):
   """xs [blocks, block, d_in] @ w[block_expert] ([experts, d_in, d_out]) -> [blocks, block, d_out].
 
   The weights are gathered per block ([blocks, d_in, d_out]: about n*k/block + E expert
@@ -307,9 +313,12 @@ def _expert_matmul(xs, w, block_expert, step, used_blocks=None):
   (`_expert_matmul_bwd`) keeps only xs, w and the block experts: the gathered copy is not kept
   for the backward, which gathers again (memory-bound, 1/(2*block) of the matmul's work).
   A loop over experts would hold one expert's weights at a time, but a dropless one has
-  data-dependent group sizes, so the loop is over fixed steps of blocks instead.
+  data-dependent group sizes, so the loop is over fixed steps of blocks instead. `fused`: the
+  forward is one kernel reading each block's matrix in place (`moe_fused.block_matmul`).
   """
   blocks = xs.shape[0]
+  if fused:
+    return moe_fused.block_matmul(xs, w, block_expert, used_blocks)
   if step >= blocks:
     return jnp.einsum("gbi,gio->gbo", xs, _gather_blocks(w, block_expert))
   xs_s, be_s = _in_steps(step, xs, block_expert)
@@ -322,8 +331,8 @@ def _expert_matmul(xs, w, block_expert, step, used_blocks=None):
   return ys.reshape(-1, *ys.shape[2:])[:blocks]
 
 
-def _expert_matmul_fwd(xs, w, block_expert, step, used_blocks=None):
-  return (_expert_matmul(xs, w, block_expert, step, used_blocks),
+def _expert_matmul_fwd(xs, w, block_expert, step, fused, used_blocks=None):
+  return (_expert_matmul(xs, w, block_expert, step, fused, used_blocks),
           (xs, w, block_expert, used_blocks))
 
 
@@ -333,14 +342,15 @@ def _block_grads(xs, dy, wb):
   return jnp.einsum("gbo,gio->gbi", dy, wb).astype(xs.dtype), jnp.einsum("gbi,gbo->gio", xs, dy)
 
 
-def _expert_matmul_bwd(step, res, dy):
+def _expert_matmul_bwd(step, fused, res, dy):
   """The input gradient against the re-gathered weights; the weight gradient as each block's
   x^T dy (in xs's dtype: [blocks, d_in, d_out] in float32 would hold twice the bytes of the
   gathered weights), summed into its expert by a float32 scatter-add over the sorted block
   experts, then cast to w's dtype. Autodiff of the gather would scatter-add in w's dtype: with
   bfloat16 weights, 16-bit accumulation (a sum of many blocks then loses most of its bits),
   which XLA:GPU also runs several times slower than float32 (docs/results.md#one-h200).
-  In steps of `step` blocks the float32 sum is the loop's carry."""
+  In steps of `step` blocks the float32 sum is the loop's carry. The same with `fused`."""
+  del fused
   xs, w, block_expert, used_blocks = res
   blocks = xs.shape[0]
   add = lambda dw, be, dwb: dw.at[be].add(dwb.astype(jnp.float32), indices_are_sorted=True,
@@ -380,12 +390,20 @@ def blocked_dispatch(x, experts, cfg: ModelConfig, num_experts=None, first_exper
   return xs.reshape(block_expert.shape[0], block, x.shape[-1]), layout
 
 
-def blocked_expert_mlp(p, xs, block_expert, cfg: ModelConfig, used_blocks=None):
+def blocked_expert_mlp(p, xs, block_expert, cfg: ModelConfig, used_blocks=None, layer=None):
   """The SwiGLU of each block's expert: xs [blocks, block, embed] -> [blocks, block, embed]
-  (blocks after `used_blocks`, when given, are not computed: zeros)."""
+  (blocks after `used_blocks`, when given, are not computed: zeros). With `layer`, p's experts
+  are every layer's stack and `blocked_fused` reads that layer's in place (inference: no
+  gradient)."""
   dt = cfg.jnp_dtype
-  step = blocks_per_step(cfg, xs.shape[0], p["wi_gate"].shape, jnp.dtype(dt).itemsize)
-  mm = lambda a, w: _expert_matmul(a, w.astype(dt), block_expert, step, used_blocks)
+  step = blocks_per_step(cfg, xs.shape[0], p["wi_gate"].shape[-3:], jnp.dtype(dt).itemsize)
+  fused = dispatch_of(cfg) == "blocked_fused"
+  if layer is not None:
+    if not fused:
+      raise ValueError("stacked experts with a layer index are for moe_dispatch=blocked_fused")
+    mm = lambda a, w: moe_fused.block_matmul(a, w, block_expert, used_blocks, layer)
+  else:
+    mm = lambda a, w: _expert_matmul(a, w.astype(dt), block_expert, step, fused, used_blocks)
   gate, up = mm(xs, p["wi_gate"]), mm(xs, p["wi_up"])         # [blocks, block, expert_mlp]
   act = common.constrain(jax.nn.silu(gate) * up, (None, None, "expert_mlp"))
   return mm(act, p["wo"])
@@ -401,14 +419,15 @@ def blocked_combine(ys, pos_of_pair, weights):
   return jnp.einsum("nkh,nk->nh", ys_pairs.reshape(n, k, h), weights.astype(ys.dtype))
 
 
-def _blocked_experts(p, x, weights, experts, cfg: ModelConfig, first_expert=None):
+def _blocked_experts(p, x, weights, experts, cfg: ModelConfig, first_expert=None, layer=None):
   """The blocked dispatch, SwiGLU and combine. With `first_expert`, p holds only the experts
   from there on (a device's share under expert parallelism): only their pairs get rows, the
   matmul loop stops after their blocks, and the result is this share's part of each token's
-  sum."""
+  sum. `layer`: as in `blocked_expert_mlp`."""
   xs, (pos_of_pair, _, _, block_expert, used) = blocked_dispatch(
-      x, experts, cfg, p["wi_gate"].shape[0], first_expert)
-  ys = blocked_expert_mlp(p, xs, block_expert, cfg, used if first_expert is not None else None)
+      x, experts, cfg, p["wi_gate"].shape[-3], first_expert)
+  ys = blocked_expert_mlp(p, xs, block_expert, cfg, used if first_expert is not None else None,
+                          layer)
   return blocked_combine(ys, pos_of_pair, weights)
 
 
@@ -479,11 +498,12 @@ def _gmm_experts(p, x, weights, experts, cfg: ModelConfig, first_expert=None):
   return ragged_combine(ys[:rows], order, weights)
 
 
-def routed_experts(p, x, weights, experts, cfg: ModelConfig):
-  """Dropless expert computation. x [tokens, embed]; weights, experts [tokens, k] -> [tokens, embed]."""
+def routed_experts(p, x, weights, experts, cfg: ModelConfig, layer=None):
+  """Dropless expert computation. x [tokens, embed]; weights, experts [tokens, k] -> [tokens, embed].
+  `layer`: p's experts are every layer's stack, this layer's index (`blocked_fused` only)."""
   dispatch = dispatch_of(cfg)
-  if dispatch == "blocked":
-    return _blocked_experts(p, x, weights, experts, cfg)
+  if dispatch in ("blocked", "blocked_fused"):
+    return _blocked_experts(p, x, weights, experts, cfg, layer=layer)
   if dispatch == "gmm":
     return _gmm_experts(p, x, weights, experts, cfg)
   return _ragged_dot_experts(p, x, weights, experts, cfg)
@@ -570,7 +590,7 @@ def _experts_spec(p) -> PartitionSpec:
   rules (their `embed` dimension left out: gathered wherever the experts are used)."""
   rules = sharding.rules_from_config(nn.get_logical_axis_rules())
   return sharding.logical_to_spec(("experts", None, "expert_mlp"), rules,
-                                  jax.sharding.get_abstract_mesh(), p["wi_gate"].shape)
+                                  jax.sharding.get_abstract_mesh(), p["wi_gate"].shape[-3:])
 
 
 def _expert_parallel_axes(p, cfg: ModelConfig, axes: tuple, tokens: int) -> tuple:
@@ -593,10 +613,10 @@ def _expert_parallel_axes(p, cfg: ModelConfig, axes: tuple, tokens: int) -> tupl
 
 
 def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, groups_s: int, b, s,
-                    ep: tuple):
-  """`_routed_grouped` as a `shard_map` over the token groups' mesh axes: for the `gmm`
-  dispatch, since XLA does not partition a Pallas kernel (a vmap with spmd_axis_name is not
-  enough), and for `blocked` under expert parallelism. Each device routes its own tokens
+                    ep: tuple, layer=None):
+  """`_routed_grouped` as a `shard_map` over the token groups' mesh axes: for the `gmm` and
+  `blocked_fused` dispatches, since XLA does not partition a Pallas kernel (a vmap with
+  spmd_axis_name is not enough), and for `blocked` under expert parallelism. Each device routes its own tokens
   against the whole router.
 
   Expert parallelism: where the `experts` rule splits the experts over mesh axes that also
@@ -613,7 +633,8 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
   tokens' activations times the expert ways, in place of the layer's expert weights whole on
   every device (12.9 GB a layer of Qwen3.5-397B-A17B in bfloat16; 1.6 GB of 35B-A3B). With
   `ep` empty the experts are gathered whole (their `expert_mlp` split stays: the down
-  projection's partial sums are added over it)."""
+  projection's partial sums are added over it). `layer`: p's experts are every layer's stack
+  (`blocked_fused`'s decode), laid out as one layer's, with a leading whole axis."""
   h = flat.shape[-1]
   mesh = jax.sharding.get_abstract_mesh()
   spec = _experts_spec(p)
@@ -624,9 +645,12 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
   xg = _group_tokens(flat.reshape(b, s, h), groups_b, groups_s)
   e = ep or None
   wi, wo = PartitionSpec(e, None, spec[2]), PartitionSpec(e, spec[2], None)
+  if layer is not None:
+    wi, wo = PartitionSpec(None, *wi), PartitionSpec(None, *wo)
   experts_of = _gmm_experts if dispatch_of(cfg) == "gmm" else _blocked_experts
 
-  def local(x, router, wi_gate, wi_up, w_out):
+  def local(x, router, wi_gate, wi_up, w_out, at):
+    experts_of_here = experts_of if layer is None else functools.partial(experts_of, layer=at)
     logits, weights, experts = route(router, x[0], cfg)
     w = {"wi_gate": wi_gate, "wi_up": wi_up, "wo": w_out}
     if ep:
@@ -634,40 +658,46 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
       # place and their sums scattered back; tokens every device holds are summed in place.
       gather = ((lambda a: jax.lax.all_gather(a, ep, axis=0, tiled=True)) if axes
                 else (lambda a: a))
-      first = jax.lax.axis_index(ep) * wi_gate.shape[0]
-      part = experts_of(w, gather(x[0]), gather(weights), gather(experts), cfg, first)
+      first = jax.lax.axis_index(ep) * wi_gate.shape[-3]
+      part = experts_of_here(w, gather(x[0]), gather(weights), gather(experts), cfg, first)
       part32 = part.astype(jnp.float32)
       out = (jax.lax.psum_scatter(part32, ep, scatter_dimension=0, tiled=True) if axes
              else jax.lax.psum(part32, ep)).astype(part.dtype)
     else:
-      out = experts_of(w, x[0], weights, experts, cfg)
+      out = experts_of_here(w, x[0], weights, experts, cfg)
     if mlp_axes:
       out = jax.lax.psum(out, mlp_axes)
     return out[None], logits[None]
 
   groups = PartitionSpec(axes or None)
   out, logits = jax.shard_map(
-      local, mesh=mesh, in_specs=(groups, PartitionSpec(), wi, wi, wo),
-      out_specs=(groups, groups), check_vma=False)(xg, p["router"], p["wi_gate"], p["wi_up"],
-                                                   p["wo"])
+      local, mesh=mesh, in_specs=(groups, PartitionSpec(), wi, wi, wo, PartitionSpec()),
+      out_specs=(groups, groups), check_vma=False)(
+          xg, p["router"], p["wi_gate"], p["wi_up"], p["wo"],
+          jnp.asarray(0 if layer is None else layer, jnp.int32))
   return (_ungroup_tokens(out, b, s, groups_b, groups_s).reshape(b * s, h),
           _ungroup_tokens(logits, b, s, groups_b, groups_s).reshape(b * s, -1))
 
 
-def forward(p, x, cfg: ModelConfig):
-  """Sparse MoE over x [batch, seq, embed]. Returns (out, router logits [b*s, experts] f32)."""
+def forward(p, x, cfg: ModelConfig, layer=None):
+  """Sparse MoE over x [batch, seq, embed]. Returns (out, router logits [b*s, experts] f32).
+
+  layer: None, or (`blocked_fused`, inference) the index of this layer when p's routed experts
+  (wi_gate, wi_up, wo) are every layer's stacked [layers, experts, ...]: the kernel reads the
+  layer's in place, where a slice of the stack would be copied out first."""
   b, s, h = x.shape
   dt = cfg.jnp_dtype
   flat = x.reshape(b * s, h).astype(dt)
   axes, groups_b, groups_s = common.token_groups(x.shape)
   dispatch = dispatch_of(cfg)
   mesh = jax.sharding.get_abstract_mesh()
-  on_mesh = dispatch in ("blocked", "gmm") and not mesh.empty and mesh.size > 1
+  on_mesh = dispatch in ("blocked", "blocked_fused", "gmm") and not mesh.empty and mesh.size > 1
   # `_expert_parallel_axes` of a device's tokens (a token group's).
   ep = _expert_parallel_axes(p, cfg, axes, b * s // (groups_b * groups_s)) if on_mesh else ()
-  if on_mesh and (dispatch == "gmm" or ep):
+  # Pallas kernels run per device: XLA does not partition them.
+  if on_mesh and (dispatch in ("gmm", "blocked_fused") or ep):
     with jax.named_scope("routed"):
-      out, logits = _routed_sharded(p, flat, cfg, axes, groups_b, groups_s, b, s, ep)
+      out, logits = _routed_sharded(p, flat, cfg, axes, groups_b, groups_s, b, s, ep, layer)
   elif on_mesh and axes:
     with jax.named_scope("routed"):
       out, logits = _routed_grouped(p, flat, cfg, axes, groups_b, groups_s, b, s)
@@ -675,7 +705,7 @@ def forward(p, x, cfg: ModelConfig):
     with jax.named_scope("route"):
       logits, weights, experts = route(p["router"], flat, cfg)
     with jax.named_scope("routed"):
-      out = routed_experts(p, flat, weights, experts, cfg)
+      out = routed_experts(p, flat, weights, experts, cfg, layer)
   if cfg.shared_expert_intermediate_size:
     with jax.named_scope("shared"):
       shared = swiglu(p, flat, dt, prefix="shared_")

@@ -1,6 +1,7 @@
 """Decode path, padding, scanning, presets and checkpoint errors of the Qwen3.5 model."""
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -499,15 +500,8 @@ def test_the_gpu_decode_step_neither_transposes_nor_copies_the_gated_deltanet_st
   state (with the state stored [.., d_k, d_v] and scanned as the loop's inputs and outputs,
   each step transposed every state into the loop's d_k-minor layout and back, and copied it)."""
   cfg = _tiny(num_hidden_layers=8, linear_key_head_dim=32, linear_value_head_dim=64)
-  dev = aot.target_devices("h200:1x1")[0]
-  on = jax.sharding.SingleDeviceSharding(dev)
-  shaped = lambda tree: jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on), tree)
-  params = shaped(jax.eval_shape(lambda: qwen3_5.init_params(cfg, jax.random.key(0))))
-  cache = shaped(jax.eval_shape(lambda: qwen3_5.init_cache(cfg, 8, 256)))
-  with config_lib.compiling_for("gpu"):
-    hlo = jax.jit(qwen3_5.decode_step, static_argnums=0, donate_argnums=2).lower(
-        cfg, params, cache, jax.ShapeDtypeStruct((8,), jnp.int32, sharding=on)).compile().as_text()
+  hlo = _h200_decode_hlo(cfg)
+  cache = jax.eval_shape(lambda: qwen3_5.init_cache(cfg, 8, 256))
   ssm = next(b["ssm"].shape for b in cache["blocks"] if "ssm" in b)
   assert ssm[-2:] == (64, 32)                               # stored [.., d_v, d_k]
   state = "f32[" + ",".join(map(str, ssm)) + "]"
@@ -516,3 +510,32 @@ def test_the_gpu_decode_step_neither_transposes_nor_copies_the_gated_deltanet_st
            if line.lstrip().startswith("%") and f"= {state}" in line
            and (" copy(" in line or "transpose" in line.split("=")[0])]
   assert not moved, moved
+
+
+def _h200_decode_hlo(cfg, slots=8, max_len=256) -> str:
+  """The decode step of `cfg` compiled for one H200 from this CPU (cache donated)."""
+  dev = aot.target_devices("h200:1x1")[0]
+  on = jax.sharding.SingleDeviceSharding(dev)
+  shaped = lambda tree: jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on), tree)
+  params = shaped(jax.eval_shape(lambda: qwen3_5.init_params(cfg, jax.random.key(0))))
+  cache = shaped(jax.eval_shape(lambda: qwen3_5.init_cache(cfg, slots, max_len)))
+  tokens = jax.ShapeDtypeStruct((slots,), jnp.int32, sharding=on)
+  with config_lib.compiling_for("gpu"):
+    step = jax.jit(qwen3_5.decode_step, static_argnums=0, donate_argnums=2)
+    return step.lower(cfg, params, cache, tokens).compile().as_text()
+
+
+def test_the_gpu_decode_step_with_fused_experts_copies_no_expert_matrix():
+  """moe_dispatch=blocked_fused, compiled for an H200: the decode step's expert matmuls read
+  every layer's stacked experts in place (Triton kernels), where `blocked` gathers each block's
+  expert matrices and a kernel handed the layer scan's slice of the stack copies it whole."""
+  cfg = _tiny(num_hidden_layers=8, hidden_size=64, moe_intermediate_size=32)
+  experts_shaped = re.compile(r"= [a-z0-9]+\[(?:\d+,)*(64,32|32,64)\]")
+  moved = lambda hlo: [l for l in hlo.splitlines() if experts_shaped.search(l)
+                       and re.search(r" (fusion|copy|gather|dynamic-slice)\(", l)
+                       and "parameter(" not in l]
+  assert moved(_h200_decode_hlo(cfg.replace(moe_dispatch="blocked")))
+  fused = _h200_decode_hlo(cfg.replace(moe_dispatch="blocked_fused"))
+  assert not moved(fused), moved(fused)[:3]
+  assert 'custom_call_target="__gpu$xla.gpu.triton"' in fused

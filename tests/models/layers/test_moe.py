@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 
 from configs import base
+from models import config as config_lib
 from models import qwen3_5
 from models.layers import common
 from models.layers import moe
+from models.layers import moe_fused
 
 
 def _cfg(num_experts, k=2, dispatch="auto", block=128, hidden=64, mlp=64, shared=32):
@@ -199,7 +201,8 @@ def _assert_same_moe(got, want):
                                                     ("rows", "blocked", "on"),
                                                     ("context_parallel", "blocked", "on"),
                                                     ("rows", "gmm", "auto"),
-                                                    ("context_parallel", "gmm", "auto")])
+                                                    ("context_parallel", "gmm", "auto"),
+                                                    ("rows", "blocked_fused", "auto")])
 def test_on_a_mesh_each_device_routes_its_own_tokens_with_the_same_result(rules_kind, dispatch,
                                                                           ep):
   """Under a mesh the tokens are routed and dispatched in the groups the mesh holds them in
@@ -245,7 +248,7 @@ def test_blocked_weight_gradient_of_bfloat16_experts_is_summed_in_float32(step):
   dy = jnp.asarray(rng.normal(size=(g, 1, d_out)), jnp.bfloat16)
   w = jnp.asarray(rng.normal(size=(e, d_in, d_out)), jnp.bfloat16)
   block_expert = jnp.zeros((g,), jnp.int32)          # every block is expert 0's
-  _, vjp = jax.vjp(lambda w: moe._expert_matmul(xs, w, block_expert, step), w)
+  _, vjp = jax.vjp(lambda w: moe._expert_matmul(xs, w, block_expert, step, False), w)
   (dw,) = vjp(dy)
   assert dw.dtype == jnp.bfloat16
   terms = jnp.einsum("gbi,gbo->gio", xs.astype(jnp.float32), dy.astype(jnp.float32))
@@ -296,7 +299,8 @@ def test_auto_dispatch_on_tpu_is_the_grouped_matmul_where_its_tiles_fit():
   assert moe.dispatch_of(narrow.replace(moe_dispatch="gmm")) == "gmm"   # the interpreter here
 
 
-@pytest.mark.parametrize("dispatch,ep", [("gmm", "auto"), ("blocked", "auto"), ("blocked", "off")])
+@pytest.mark.parametrize("dispatch,ep", [("gmm", "auto"), ("blocked", "auto"), ("blocked", "off"),
+                                         ("blocked_fused", "auto")])
 def test_tokens_no_mesh_axis_splits_are_computed_by_the_devices_holding_their_experts(dispatch, ep):
   """One row (a rollout engine's prefill of a prompt) on a mesh of 8 whose batch axes cannot
   split it: every device holds every token. The experts split over `expert` stay split, each
@@ -385,3 +389,52 @@ def test_the_block_layout_has_no_loop_and_gives_each_block_its_expert():
   rows_expert = np.asarray(block_expert).repeat(2)[np.asarray(pos_of_pair)]
   np.testing.assert_array_equal(rows_expert, np.asarray(experts).reshape(-1))
   assert int(used) == 5 and list(np.asarray(block_expert)[:5]) == [0, 3, 3, 5, 7]
+
+
+@pytest.mark.parametrize("case", ["spread", "empty_experts"])
+def test_the_fused_blocked_matmul_gives_the_blocked_dispatchs_values_and_gradients(case):
+  """`blocked_fused` (each expert matmul a Pallas kernel reading the block's expert in place;
+  Pallas' interpreter here): the outputs and gradients of ragged_dot, for blocks of 1 row
+  (padded to Triton's 16), 8 and the largest the tokens allow."""
+  n, num_experts = 75, 8
+  rng = np.random.default_rng(3)
+  k, experts = _routing(case, n, num_experts, rng)
+  experts = jnp.asarray(experts, jnp.int32)
+  weights = jax.nn.softmax(jnp.asarray(rng.normal(size=(n, k)), jnp.float32), axis=-1)
+  ref_cfg = _cfg(num_experts, k=k, dispatch="ragged_dot")
+  p = moe.init(jax.random.key(0), ref_cfg)
+  x = jax.random.normal(jax.random.key(1), (n, ref_cfg.hidden_size))
+  cot = jax.random.normal(jax.random.key(2), (n, ref_cfg.hidden_size))
+  loss = lambda c: lambda p, x, w: jnp.sum(moe.routed_experts(p, x, w, experts, c) * cot)
+  out_ref = moe.routed_experts(p, x, weights, experts, ref_cfg)
+  g_ref = jax.grad(loss(ref_cfg), argnums=(0, 1, 2))(p, x, weights)
+  scale = float(jnp.max(jnp.abs(out_ref)))
+  for block in (1, 8, 128):
+    cfg = ref_cfg.replace(moe_dispatch="blocked_fused", moe_block_size=block)
+    out = jax.jit(lambda p, x, w: moe.routed_experts(p, x, w, experts, cfg))(p, x, weights)
+    np.testing.assert_allclose(out, out_ref, atol=1e-5 * scale, rtol=0, err_msg=f"block {block}")
+    g = jax.jit(jax.grad(loss(cfg), argnums=(0, 1, 2)))(p, x, weights)
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
+      np.testing.assert_allclose(a, b, atol=1e-5 * float(jnp.max(jnp.abs(b))) + 1e-12, rtol=0)
+
+
+def test_the_fused_matmul_reads_one_layer_of_stacked_experts_and_skips_unused_blocks():
+  """`moe_fused.block_matmul` on every layer's experts [layers, experts, d_in, d_out] with a
+  layer index (as a decode step hands them) is that layer's blocked matmul; blocks from
+  `used_blocks` on are zeros."""
+  rng = np.random.default_rng(4)
+  w = jnp.asarray(rng.standard_normal((3, 5, 64, 32)), jnp.float32)
+  xs = jnp.asarray(rng.standard_normal((6, 4, 64)), jnp.float32)
+  block_expert = jnp.asarray([0, 1, 1, 3, 4, 4], jnp.int32)
+  got = jax.jit(moe_fused.block_matmul)(xs, w, block_expert, jnp.int32(4), jnp.int32(2))
+  want = jnp.einsum("gbi,gio->gbo", xs, w[2][block_expert], precision="highest")
+  np.testing.assert_allclose(got[:4], want[:4], atol=1e-4)
+  assert not np.any(np.asarray(got[4:]))
+
+
+def test_the_fused_dispatch_is_an_error_on_tpu():
+  cfg = _cfg(8, dispatch="blocked_fused")
+  p = moe.init(jax.random.key(0), cfg)
+  x = jax.random.normal(jax.random.key(1), (2, 16, cfg.hidden_size))
+  with config_lib.compiling_for("tpu"), pytest.raises(ValueError, match="blocked_fused"):
+    moe.forward(p, x, cfg)

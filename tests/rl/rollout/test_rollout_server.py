@@ -240,7 +240,7 @@ def test_weights_synced_from_a_donated_train_state_stay_served(client, server, m
     server.update_weights(old)
 
 
-@pytest.mark.parametrize("layout", ["rows", "context_parallel", "whole_weights"])
+@pytest.mark.parametrize("layout", ["rows", "context_parallel", "whole_weights", "gpu_kernels"])
 def test_engine_on_a_mesh_from_config_serves_the_models_greedy_tokens(config, model, full_forward,
                                                                       layout):
   """`rollout.mesh_shape` (1, 2, 2, 2): the engine's params and decode state spread over 8
@@ -248,7 +248,9 @@ def test_engine_on_a_mesh_from_config_serves_the_models_greedy_tokens(config, mo
   layout on the same devices. Under the full-size configs' context-parallel rules the engine
   keeps whole rows: its slots split over the batch axes, fsdp included. With
   `rollout.whole_weights` no weight's embed dimension is split (the routed experts stay split
-  over `expert`)."""
+  over `expert`). With the GPU kernels (Pallas' interpreter here: `moe_dispatch=blocked_fused`,
+  its decode reading every layer's stacked experts, and `decode_attention=fused`), each run per
+  device in its shard_map."""
   cfg, old = model
   c = config.copy_and_resolve_references()
   with c.unlocked():
@@ -256,6 +258,8 @@ def test_engine_on_a_mesh_from_config_serves_the_models_greedy_tokens(config, mo
     if layout == "context_parallel":
       c.mesh.rules = sharding.context_parallel_rules(c.mesh.rules, "fsdp")
     c.rollout.whole_weights = layout == "whole_weights"
+    if layout == "gpu_kernels":
+      c.model.moe_dispatch, c.model.decode_attention = "blocked_fused", "fused"
   s = serve.build_server(c, params=old, port=0, warmup=False)
   client = TokenClient(s.address, timeout_s=120)
   try:
