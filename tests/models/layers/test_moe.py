@@ -62,10 +62,11 @@ def _routing(case, n, num_experts, rng):
   return 3, np.stack([rng.choice(num_experts, 3, replace=False) for _ in range(n)])
 
 
-@pytest.mark.parametrize("case", ["spread", "one_expert", "one_expert_top2", "empty_experts"])
-def test_blocked_dispatch_matches_ragged_dot_outputs_and_gradients(case):
+def _routed_problem(case, seed):
+  """75 tokens routed over 8 experts as `case` says: (experts, router weights, ragged_dot's
+  config, params, x, a cotangent, loss(cfg) -> f(p, x, w))."""
   n, num_experts = 75, 8                      # 75 tokens: no multiple of any block size > 1
-  rng = np.random.default_rng(0)
+  rng = np.random.default_rng(seed)
   k, experts = _routing(case, n, num_experts, rng)
   experts = jnp.asarray(experts, jnp.int32)
   weights = jax.nn.softmax(jnp.asarray(rng.normal(size=(n, k)), jnp.float32), axis=-1)
@@ -73,9 +74,13 @@ def test_blocked_dispatch_matches_ragged_dot_outputs_and_gradients(case):
   p = moe.init(jax.random.key(0), ref_cfg)
   x = jax.random.normal(jax.random.key(1), (n, ref_cfg.hidden_size))
   cot = jax.random.normal(jax.random.key(2), (n, ref_cfg.hidden_size))
+  loss = lambda c: lambda p, x, w: jnp.sum(moe.routed_experts(p, x, w, experts, c) * cot)
+  return experts, weights, ref_cfg, p, x, loss
 
-  def loss(c):
-    return lambda p, x, w: jnp.sum(moe.routed_experts(p, x, w, experts, c) * cot)
+
+@pytest.mark.parametrize("case", ["spread", "one_expert", "one_expert_top2", "empty_experts"])
+def test_blocked_dispatch_matches_ragged_dot_outputs_and_gradients(case):
+  experts, weights, ref_cfg, p, x, loss = _routed_problem(case, 0)
   out_ref = jax.jit(lambda p, x, w: moe.routed_experts(p, x, w, experts, ref_cfg))(p, x, weights)
   g_ref = jax.jit(jax.grad(loss(ref_cfg), argnums=(0, 1, 2)))(p, x, weights)
   scale = float(jnp.max(jnp.abs(out_ref)))
@@ -264,17 +269,8 @@ def test_grouped_matmul_dispatch_matches_ragged_dot_outputs_and_gradients(case):
   """`gmm` (jax's TPU grouped-matmul kernel, run by Pallas' interpreter here): the same
   outputs and gradients as ragged_dot, rows padded to the kernel's row tile included (75
   tokens x k is no multiple of 128)."""
-  n, num_experts = 75, 8
-  rng = np.random.default_rng(1)
-  k, experts = _routing(case, n, num_experts, rng)
-  experts = jnp.asarray(experts, jnp.int32)
-  weights = jax.nn.softmax(jnp.asarray(rng.normal(size=(n, k)), jnp.float32), axis=-1)
-  ref_cfg = _cfg(num_experts, k=k, dispatch="ragged_dot")
+  experts, weights, ref_cfg, p, x, loss = _routed_problem(case, 1)
   cfg = ref_cfg.replace(moe_dispatch="gmm")
-  p = moe.init(jax.random.key(0), ref_cfg)
-  x = jax.random.normal(jax.random.key(1), (n, ref_cfg.hidden_size))
-  cot = jax.random.normal(jax.random.key(2), (n, ref_cfg.hidden_size))
-  loss = lambda c: lambda p, x, w: jnp.sum(moe.routed_experts(p, x, w, experts, c) * cot)
   out_ref = moe.routed_experts(p, x, weights, experts, ref_cfg)
   out = jax.jit(lambda p, x, w: moe.routed_experts(p, x, w, experts, cfg))(p, x, weights)
   scale = float(jnp.max(jnp.abs(out_ref)))
@@ -396,16 +392,7 @@ def test_the_fused_blocked_matmul_gives_the_blocked_dispatchs_values_and_gradien
   """`blocked_fused` (each expert matmul a Pallas kernel reading the block's expert in place;
   Pallas' interpreter here): the outputs and gradients of ragged_dot, for blocks of 1 row
   (padded to Triton's 16), 8 and the largest the tokens allow."""
-  n, num_experts = 75, 8
-  rng = np.random.default_rng(3)
-  k, experts = _routing(case, n, num_experts, rng)
-  experts = jnp.asarray(experts, jnp.int32)
-  weights = jax.nn.softmax(jnp.asarray(rng.normal(size=(n, k)), jnp.float32), axis=-1)
-  ref_cfg = _cfg(num_experts, k=k, dispatch="ragged_dot")
-  p = moe.init(jax.random.key(0), ref_cfg)
-  x = jax.random.normal(jax.random.key(1), (n, ref_cfg.hidden_size))
-  cot = jax.random.normal(jax.random.key(2), (n, ref_cfg.hidden_size))
-  loss = lambda c: lambda p, x, w: jnp.sum(moe.routed_experts(p, x, w, experts, c) * cot)
+  experts, weights, ref_cfg, p, x, loss = _routed_problem(case, 3)
   out_ref = moe.routed_experts(p, x, weights, experts, ref_cfg)
   g_ref = jax.grad(loss(ref_cfg), argnums=(0, 1, 2))(p, x, weights)
   scale = float(jnp.max(jnp.abs(out_ref)))
