@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from models import config as config_lib
 from models import sharding
 
 
@@ -25,6 +26,27 @@ def inside_shard_map() -> bool:
   shard, nothing left to lay out or to split again."""
   mesh = jax.sharding.get_abstract_mesh()
   return not mesh.empty and all(t == jax.sharding.AxisType.Manual for t in mesh.axis_types)
+
+
+def triton_interpret(setting: str, on_tpu: str) -> bool:
+  """Whether the Triton (Pallas) kernel that `setting` selects runs in Pallas' interpreter (on
+  CPU: the tests) rather than compiled by XLA's Triton pipeline (GPU, also when compiling for a
+  GPU target from a CPU). On TPU, which has no such kernel, an error naming the setting and
+  `on_tpu`, what to use there instead."""
+  platform = config_lib.platform()
+  if platform == "tpu":
+    raise ValueError(f"model.{setting} is a GPU (Triton) kernel; on TPU use {on_tpu}")
+  return platform not in ("gpu", "cuda", "rocm")
+
+
+def kernel_mesh():
+  """(mesh, rules) a Pallas kernel must run under per device (`jax.shard_map`: XLA does not
+  partition a Pallas kernel), or None where it runs as it is: no mesh, one device, or already
+  inside a `shard_map` over every axis."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1 or inside_shard_map():
+    return None
+  return mesh, sharding.rules_from_config(nn.get_logical_axis_rules())
 
 
 def token_groups(shape) -> tuple[tuple, int, int]:

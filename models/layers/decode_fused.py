@@ -26,12 +26,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from flax import linen as nn
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 from jax.sharding import PartitionSpec
 
-from models import config as config_lib
 from models import sharding
 from models.layers import common
 
@@ -167,10 +165,7 @@ def attend(q, cache, new, pos, layer=None):
   Returns:
     [batch, heads, head_dim] float32, as `attention._attend_cached`.
   """
-  platform = config_lib.platform()
-  if platform == "tpu":
-    raise ValueError("model.decode_attention=fused is a GPU (Triton) kernel; on TPU use xla")
-  interpret = platform not in ("gpu", "cuda", "rocm")
+  interpret = common.triton_interpret("decode_attention=fused", "xla")
   if not interpret:
     _check_triton_shapes(q.shape[-1])
   k_cache, v_cache = cache["k"], cache["v"]
@@ -178,10 +173,10 @@ def attend(q, cache, new, pos, layer=None):
     k_cache, v_cache, layer = k_cache[None], v_cache[None], 0
   layer = jnp.asarray(layer, jnp.int32).reshape(1)
   local = functools.partial(_attend_local, interpret=interpret)
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or mesh.size == 1 or common.inside_shard_map():
+  on_mesh = common.kernel_mesh()
+  if on_mesh is None:
     return local(q, k_cache, v_cache, new["k"], new["v"], pos, layer)
-  rules = sharding.rules_from_config(nn.get_logical_axis_rules())
+  mesh, rules = on_mesh
   rows, length, heads = sharding.logical_to_spec(
       ("batch", "activation_length", "kv_heads"), rules, mesh, k_cache.shape[1:4])
   if length is not None and any(mesh.shape[a] > 1 for a in sharding.target_axes(length)):

@@ -32,12 +32,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from flax import linen as nn
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 from jax.sharding import PartitionSpec
 
-from models import config as config_lib
 from models import sharding
 from models.layers import common
 
@@ -169,19 +167,15 @@ def walk(u, w, k, decay, state, precision: str = "highest"):
     (states [n_chunks, batch, heads, d_k, d_v], the state before each chunk; v_new [n_chunks,
     batch, heads, chunk, d_v]; the final state).
   """
-  platform = config_lib.platform()
-  if platform == "tpu":
-    raise ValueError("model.gdn_scan=fused is a GPU (Triton) kernel; on TPU use outputs or "
-                     "states")
-  interpret = platform not in ("gpu", "cuda", "rocm")
+  interpret = common.triton_interpret("gdn_scan=fused", "outputs or states")
   if not interpret:
     _check_triton_shapes(chunk=u.shape[3], dk=w.shape[4], dv=u.shape[4])
   local = functools.partial(_walk_local, precision=jax.lax.Precision(precision),
                             interpret=interpret)
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or mesh.size == 1 or common.inside_shard_map():
+  on_mesh = common.kernel_mesh()
+  if on_mesh is None:
     return local(u, w, k, decay, state)
-  rules = sharding.rules_from_config(nn.get_logical_axis_rules())
+  mesh, rules = on_mesh
   rows_heads = sharding.logical_to_spec(("batch", "activation_heads"), rules, mesh,
                                         state.shape[:2])
   chunked = PartitionSpec(None, *rows_heads)

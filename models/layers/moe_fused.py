@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from models import config as config_lib
+from models.layers import common
 
 TRITON_ROWS = 16
 NUM_WARPS = 4
@@ -64,11 +64,7 @@ def block_matmul(xs, w, block_expert, used_blocks=None, layer=None):
   [layers, experts, d_in, d_out] with `layer` its index) -> [blocks, rows, d_out] in xs's dtype
   (w's tiles are cast to it); blocks from `used_blocks` on (a traced count; None: none) are
   zeros."""
-  platform = config_lib.platform()
-  if platform == "tpu":
-    raise ValueError("model.moe_dispatch=blocked_fused is a GPU (Triton) kernel; on TPU use gmm "
-                     "or blocked")
-  interpret = platform not in ("gpu", "cuda", "rocm")
+  interpret = common.triton_interpret("moe_dispatch=blocked_fused", "gmm or blocked")
   if layer is None:
     w, layer = w[None], 0
   blocks, rows, d_in = xs.shape
