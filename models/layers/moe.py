@@ -28,8 +28,9 @@ over the mesh stay split and the tokens move to them (expert parallelism, `_rout
               matmul, `blocks_per_step` blocks at a time. Padding rows are zero and never read back, so results and gradients are
               those of the exact computation. Cost: rows <= n*k + min(E, n*k) * (block - 1).
   blocked_fused  `blocked`, each matmul one Triton kernel reading every block's expert
-              matrix where it lies (`moe_fused.block_matmul`: no per-block copies in the
-              forward pass; the backward is `blocked`'s). GPU (CPU interprets it; not TPU).
+              matrix where it lies (`moe_fused.block_matmul`: no per-block copies), its
+              backward two more (the input gradient, each expert's weight gradient summed
+              over its blocks in float32). GPU (CPU interprets them; not TPU).
               A decode step hands it every layer's stacked experts and the layer's index
               (`forward`'s `layer`), so that not even the layer's slice is copied.
   gmm         each expert's rows against its weights by jax's grouped-matmul kernel for TPU
@@ -314,7 +315,8 @@ def _expert_matmul(xs, w, block_expert, step, fused, used_blocks=None):
   for the backward, which gathers again (memory-bound, 1/(2*block) of the matmul's work).
   A loop over experts would hold one expert's weights at a time, but a dropless one has
   data-dependent group sizes, so the loop is over fixed steps of blocks instead. `fused`: the
-  forward is one kernel reading each block's matrix in place (`moe_fused.block_matmul`).
+  forward and both gradients are kernels reading each block's matrix and rows in place
+  (`moe_fused`: no loop, nothing gathered).
   """
   blocks = xs.shape[0]
   if fused:
@@ -349,10 +351,15 @@ def _expert_matmul_bwd(step, fused, res, dy):
   experts, then cast to w's dtype. Autodiff of the gather would scatter-add in w's dtype: with
   bfloat16 weights, 16-bit accumulation (a sum of many blocks then loses most of its bits),
   which XLA:GPU also runs several times slower than float32 (docs/results.md#one-h200).
-  In steps of `step` blocks the float32 sum is the loop's carry. The same with `fused`."""
-  del fused
+  In steps of `step` blocks the float32 sum is the loop's carry. `fused`: two kernels, the
+  input gradient against each block's matrix transposed and each expert's float32 sum of
+  x^T dy over its blocks (models/layers/moe_fused.py): nothing gathered, no per-block products."""
   xs, w, block_expert, used_blocks = res
   blocks = xs.shape[0]
+  if fused:
+    dxs = moe_fused.block_matmul(dy, w, block_expert, used_blocks, transpose=True)
+    dw = moe_fused.expert_weight_grads(xs, dy, block_expert, w.shape[0], used_blocks)
+    return dxs.astype(xs.dtype), dw.astype(w.dtype), None, None
   add = lambda dw, be, dwb: dw.at[be].add(dwb.astype(jnp.float32), indices_are_sorted=True,
                                           mode="promise_in_bounds")
   if step >= blocks:

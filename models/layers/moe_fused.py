@@ -13,11 +13,18 @@ float32 accumulation; blocks past `used_blocks` (the layout's padding) write zer
 reading. Blocks of fewer than 16 rows (decode) are padded to Triton's 16. The weights may be
 every layer's stack with the layer's index (the decode step passes them so: a kernel's operand
 that is a slice of the layer scan's stacked weights would be copied out whole first), or one
-layer's. The gradient is the blocked matmul's own (`moe._expert_matmul_bwd`): only the forward
-is the kernel, so training keeps the gather in its backward pass.
+layer's.
 
-On CPU Pallas' interpreter runs the kernel (the tests); TPU has its own grouped matmul (`gmm`):
-`blocked_fused` is an error there. On a mesh the MoE runs it per device (`moe._routed_sharded`).
+The backward is two more kernels, so training gathers no expert matrix either: the input
+gradient is the same kernel against each block's matrix transposed (`transpose=True`), and the
+weight gradient (`expert_weight_grads`) one program per (expert, tile of w) summing x^T dy over
+that expert's blocks in float32, which the blocked layout keeps contiguous (its block experts
+are non-decreasing). XLA's form of that gradient writes each block's [d_in, d_out] product and
+scatter-adds it into its expert: at the 35B-A3B shape and 16,384 tokens a micro-batch, ~1,300
+blocks of 2 MiB a matrix, read and written several times a layer.
+
+On CPU Pallas' interpreter runs the kernels (the tests); TPU has its own grouped matmul (`gmm`):
+`blocked_fused` is an error there. On a mesh the MoE runs them per device (`moe._routed_sharded`).
 """
 import functools
 
@@ -44,41 +51,64 @@ def _tile(dim: int, most: int) -> int:
 
 
 def _kernel(layer_ref, expert_ref, used_ref, x_ref, w_ref, o_ref, *, tile_in: int,
-            tile_out: int, d_in: int):
-  """Program (block, j): o [rows, tile_out] = x [rows, d_in] @ w[layer, expert, :, j-th tile]."""
+            tile_out: int, d_in: int, transpose: bool):
+  """Program (block, j): o [rows, tile_out] = x [rows, d_in] @ w[layer, expert, :, j-th tile]
+  (`transpose`: @ w[layer, expert, j-th tile, :]^T)."""
   block, j = pl.program_id(0), pl.program_id(1)
   layer, expert = layer_ref[0], expert_ref[block]
   steps = jnp.where(block < used_ref[0], jnp.int32(d_in // tile_in), jnp.int32(0))
 
   def step(i, acc):
     x = x_ref[:, pl.ds(i * tile_in, tile_in)]
-    w = w_ref[layer, expert, pl.ds(i * tile_in, tile_in), pl.ds(j * tile_out, tile_out)]
-    return acc + jnp.dot(x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+    if transpose:
+      w = w_ref[layer, expert, pl.ds(j * tile_out, tile_out), pl.ds(i * tile_in, tile_in)]
+      xw = jax.lax.dot_general(x, w.astype(x.dtype), (((1,), (1,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+    else:
+      w = w_ref[layer, expert, pl.ds(i * tile_in, tile_in), pl.ds(j * tile_out, tile_out)]
+      xw = jnp.dot(x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+    return acc + xw
 
   acc = jax.lax.fori_loop(0, steps, step, jnp.zeros(o_ref.shape, jnp.float32))
   o_ref[...] = acc.astype(o_ref.dtype)
 
 
-def block_matmul(xs, w, block_expert, used_blocks=None, layer=None):
+def _tiles(d_in: int, d_out: int, interpret: bool, what: str) -> tuple[int, int]:
+  """(tile of d_in, tile of d_out); on GPU an error unless both are at least Triton's 16."""
+  tile_in, tile_out = _tile(d_in, TILE_IN), _tile(d_out, TILE_OUT)
+  if not interpret and min(tile_in, tile_out) < 16:
+    raise ValueError("model.moe_dispatch=blocked_fused on GPU needs hidden_size and "
+                     f"moe_intermediate_size multiples of 16, got {d_in} and {d_out} ({what})")
+  return tile_in, tile_out
+
+
+def _pad_rows(a, rows: int):
+  """a [blocks, r, d] with zero rows up to `rows` (Triton's dots take at least 16)."""
+  return a if a.shape[1] == rows else jnp.pad(a, [(0, 0), (0, rows - a.shape[1]), (0, 0)])
+
+
+def _compiler_params(interpret: bool):
+  return None if interpret else pl_triton.CompilerParams(num_warps=NUM_WARPS, num_stages=2)
+
+
+def _used(used_blocks, blocks: int):
+  return jnp.asarray(blocks if used_blocks is None else used_blocks, jnp.int32).reshape(1)
+
+
+def block_matmul(xs, w, block_expert, used_blocks=None, layer=None, transpose=False):
   """xs [blocks, rows, d_in] @ w[block_expert] (w [experts, d_in, d_out], or every layer's
   [layers, experts, d_in, d_out] with `layer` its index) -> [blocks, rows, d_out] in xs's dtype
   (w's tiles are cast to it); blocks from `used_blocks` on (a traced count; None: none) are
-  zeros."""
+  zeros. `transpose`: xs @ w[block_expert]^T, w [experts, d_out, d_in] (the input gradient)."""
   interpret = common.triton_interpret("moe_dispatch=blocked_fused", "gmm or blocked")
   if layer is None:
     w, layer = w[None], 0
   blocks, rows, d_in = xs.shape
-  d_out = w.shape[-1]
-  tile_in, tile_out = _tile(d_in, TILE_IN), _tile(d_out, TILE_OUT)
-  if not interpret and min(tile_in, tile_out) < 16:
-    raise ValueError("model.moe_dispatch=blocked_fused on GPU needs hidden_size and "
-                     "moe_intermediate_size multiples of 16, got "
-                     f"{d_in} and {d_out} (the matrix's d_in, d_out)")
+  d_out = w.shape[-2] if transpose else w.shape[-1]
+  tile_in, tile_out = _tiles(d_in, d_out, interpret, "the matrix's d_in, d_out")
   padded = max(TRITON_ROWS, rows)
-  if padded != rows:
-    xs = jnp.pad(xs, [(0, 0), (0, padded - rows), (0, 0)])
-  used = jnp.asarray(blocks if used_blocks is None else used_blocks, jnp.int32).reshape(1)
-  kernel = functools.partial(_kernel, tile_in=tile_in, tile_out=tile_out, d_in=d_in)
+  kernel = functools.partial(_kernel, tile_in=tile_in, tile_out=tile_out, d_in=d_in,
+                             transpose=transpose)
   out = pl.pallas_call(
       kernel, grid=(blocks, d_out // tile_out),
       in_specs=[pl.no_block_spec, pl.no_block_spec, pl.no_block_spec,
@@ -86,8 +116,53 @@ def block_matmul(xs, w, block_expert, used_blocks=None, layer=None):
                 pl.no_block_spec],                 # w: the kernel indexes its expert itself
       out_specs=pl.BlockSpec((None, padded, tile_out), lambda b, j: (b, 0, j)),
       out_shape=jax.ShapeDtypeStruct((blocks, padded, d_out), xs.dtype),
-      interpret=interpret,
-      compiler_params=None if interpret else pl_triton.CompilerParams(num_warps=NUM_WARPS,
-                                                                      num_stages=2),
-  )(jnp.asarray(layer, jnp.int32).reshape(1), block_expert.astype(jnp.int32), used, xs, w)
+      interpret=interpret, compiler_params=_compiler_params(interpret),
+  )(jnp.asarray(layer, jnp.int32).reshape(1), block_expert.astype(jnp.int32),
+    _used(used_blocks, blocks), _pad_rows(xs, padded), w)
   return out[:, :rows]
+
+
+def _wgrad_kernel(start_ref, end_ref, x_ref, dy_ref, o_ref, *, tile_in: int, tile_out: int):
+  """Program (i, j, expert): o [tile_in, tile_out] = sum over the expert's blocks b of
+  x[b, :, i-th tile]^T @ dy[b, :, j-th tile], in float32. The expert is the grid's slowest
+  axis, so the programs running together share one expert's rows (held in L2 across tiles)."""
+  i, j, e = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+
+  def step(b, acc):
+    x = x_ref[b, :, pl.ds(i * tile_in, tile_in)]
+    dy = dy_ref[b, :, pl.ds(j * tile_out, tile_out)]
+    return acc + jax.lax.dot_general(x, dy, (((0,), (0,)), ((), ())),
+                                     preferred_element_type=jnp.float32)
+
+  o_ref[...] = jax.lax.fori_loop(start_ref[e], end_ref[e], step,
+                                 jnp.zeros(o_ref.shape, jnp.float32))
+
+
+def expert_block_ranges(block_expert, num_experts: int, used_blocks=None):
+  """block_expert int [blocks], non-decreasing -> (first block, end) of each expert [E] each,
+  the blocks from `used_blocks` on (padding) in none: a compare-and-count, no search loop."""
+  used = _used(used_blocks, block_expert.shape[0])[0]
+  ends = jnp.sum(block_expert[None, :] <= jnp.arange(num_experts, dtype=jnp.int32)[:, None],
+                 axis=1, dtype=jnp.int32)
+  ends = jnp.minimum(ends, used)
+  return jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]]), ends
+
+
+def expert_weight_grads(xs, dy, block_expert, num_experts: int, used_blocks=None):
+  """xs [blocks, rows, d_in], dy [blocks, rows, d_out] -> float32 [num_experts, d_in, d_out]:
+  each expert's sum of its blocks' x^T dy (block_expert non-decreasing, as the blocked layout
+  makes it; blocks from `used_blocks` on are left out; an expert with no block gets zeros)."""
+  interpret = common.triton_interpret("moe_dispatch=blocked_fused", "gmm or blocked")
+  _, rows, d_in = xs.shape
+  d_out = dy.shape[-1]
+  tile_in, tile_out = _tiles(d_in, d_out, interpret, "the matrix's d_in, d_out")
+  padded = max(TRITON_ROWS, rows)
+  starts, ends = expert_block_ranges(block_expert.astype(jnp.int32), num_experts, used_blocks)
+  kernel = functools.partial(_wgrad_kernel, tile_in=tile_in, tile_out=tile_out)
+  return pl.pallas_call(
+      kernel, grid=(d_in // tile_in, d_out // tile_out, num_experts),
+      in_specs=[pl.no_block_spec] * 4,               # the kernel walks its expert's blocks
+      out_specs=pl.BlockSpec((None, tile_in, tile_out), lambda i, j, e: (e, i, j)),
+      out_shape=jax.ShapeDtypeStruct((num_experts, d_in, d_out), jnp.float32),
+      interpret=interpret, compiler_params=_compiler_params(interpret),
+  )(starts, ends, _pad_rows(xs, padded), _pad_rows(dy, padded))

@@ -2,10 +2,13 @@
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
+import re
+
 import numpy as np
 import pytest
 
 from configs import base
+from models import aot
 from models import config as config_lib
 from models import qwen3_5
 from models.layers import common
@@ -417,6 +420,59 @@ def test_the_fused_matmul_reads_one_layer_of_stacked_experts_and_skips_unused_bl
   want = jnp.einsum("gbi,gio->gbo", xs, w[2][block_expert], precision="highest")
   np.testing.assert_allclose(got[:4], want[:4], atol=1e-4)
   assert not np.any(np.asarray(got[4:]))
+
+
+def test_the_fused_backward_kernels_give_the_transposed_matmul_and_per_expert_weight_sums():
+  """The backward of `blocked_fused`: `block_matmul(transpose=True)` is each block's rows
+  against its expert's matrix transposed, and `expert_weight_grads` each expert's sum of x^T dy
+  over its blocks (float32): blocks of one expert run contiguous, an expert with no block gets
+  zeros, blocks from `used_blocks` on are left out; rows fewer than Triton's 16 included."""
+  rng = np.random.default_rng(5)
+  block_expert = jnp.asarray([0, 0, 0, 2, 3, 3, 4, 4], jnp.int32)   # expert 1 has no block
+  for rows in (4, 32):
+    xs = jnp.asarray(rng.standard_normal((8, rows, 64)), jnp.float32)
+    dy = jnp.asarray(rng.standard_normal((8, rows, 32)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((5, 64, 32)), jnp.float32)
+    dx = jax.jit(lambda d, w: moe_fused.block_matmul(d, w, block_expert, jnp.int32(7),
+                                                     transpose=True))(dy, w)
+    want_dx = jnp.einsum("gbo,gio->gbi", dy, w[block_expert], precision="highest")
+    np.testing.assert_allclose(dx[:7], want_dx[:7], atol=1e-4)
+    assert not np.any(np.asarray(dx[7:]))
+    dw = jax.jit(lambda x, d: moe_fused.expert_weight_grads(x, d, block_expert, 5,
+                                                            jnp.int32(7)))(xs, dy)
+    per_block = np.einsum("gbi,gbo->gio", np.asarray(xs[:7], np.float64), np.asarray(dy[:7]))
+    want_dw = np.zeros((5, 64, 32))
+    np.add.at(want_dw, np.asarray(block_expert[:7]), per_block)
+    assert dw.dtype == jnp.float32 and not np.any(np.asarray(dw[1]))
+    np.testing.assert_allclose(dw, want_dw, atol=1e-4, err_msg=f"rows {rows}")
+
+
+def _h200_moe_grad_hlo(cfg) -> str:
+  """The gradient of the MoE block (512 tokens) compiled for one H200 from this CPU."""
+  on = jax.sharding.SingleDeviceSharding(aot.target_devices("h200:1x1")[0])
+  shaped = lambda tree: jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=on), tree)
+  p = shaped(jax.eval_shape(lambda: moe.init(jax.random.key(0), cfg)))
+  x = jax.ShapeDtypeStruct((2, 256, cfg.hidden_size), jnp.float32, sharding=on)
+  loss = lambda p, x: jnp.sum(moe.forward(p, x, cfg)[0] ** 2)
+  with config_lib.compiling_for("gpu"):
+    return jax.jit(jax.grad(loss)).lower(p, x).compile().as_text()
+
+
+def test_the_gpu_training_step_with_fused_experts_makes_no_per_block_expert_matrix():
+  """moe_dispatch=blocked_fused, the MoE's gradient compiled for an H200: no array of one
+  expert matrix a block ([blocks, d_in, d_out]: the gathers of the forward and backward, the
+  per-block weight gradients and their scatter-add), which `blocked` has, and no loop; the only
+  expert-matrix-shaped results are the kernels' [experts, d_in, d_out] weight gradients."""
+  cfg = _cfg(8, block=16, hidden=64, mlp=32, shared=0)
+  per_block = re.compile(r"= [a-z0-9]+\[(\d+),(?:64,32|32,64)\]")
+  shaped = lambda hlo: [(int(m.group(1)), line) for line in hlo.splitlines()
+                        if (m := per_block.search(line)) and "parameter(" not in line]
+  blocked = _h200_moe_grad_hlo(cfg.replace(moe_dispatch="blocked"))
+  assert any(n != 8 for n, _ in shaped(blocked)) and "scatter(" in blocked
+  fused = _h200_moe_grad_hlo(cfg.replace(moe_dispatch="blocked_fused"))
+  assert all(n == 8 and "custom-call(" in line for n, line in shaped(fused)), shaped(fused)
+  assert " while(" not in fused
 
 
 def test_the_fused_dispatch_is_an_error_on_tpu():
