@@ -1,7 +1,9 @@
 """The accelerator benchmark behind benchmarks/accelerator.sh: model step, train step MFU and
-decode against the HBM roofline, on one GPU, for a ~1B-parameter MoE (~1/8 of it active).
+decode against the HBM roofline, on one GPU, for a ~1B-parameter MoE (~1/8 of it active) or
+(`--size=a3b_slice`) four layers of Qwen3.5-35B-A3B at its real widths.
 
   benchmarks/accelerator.sh                      # on a machine with an NVIDIA GPU
+  benchmarks/accelerator.sh --size=a3b_slice     # the 35B-A3B slice (at most 300 s a part)
   ACCEL_SMOKE=1 benchmarks/accelerator.sh        # tiny config on the CPU: the script's logic
 
 Runs benchmarks/model_step.py (bfloat16, no torch), benchmarks/train_step.py and
@@ -41,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402  (the version only: this process starts no backend)
 
 from configs import base  # noqa: E402
+from models import presets  # noqa: E402
 from models import qwen3_5  # noqa: E402
 from models.config import FULL, LINEAR  # noqa: E402
 
@@ -67,20 +70,29 @@ GPUS = {
 }
 
 # The model: widths of a ~1B-parameter MoE with ~1/8 of it active (64 experts, top-2), in the
-# flags of benchmarks/model_step.py; `smoke`: a tiny one for the CPU.
+# flags of benchmarks/model_step.py; `smoke`: a tiny one for the CPU; `a3b_slice`: a preset's
+# every width (models/presets.py) with fewer layers, here one layer cycle of 35B-A3B (3 Gated
+# DeltaNet, 1 attention; 256 experts top-8, the 248k vocabulary): ~4.4 B parameters, whose
+# GRPO step in bfloat16 fits one H200 (`--mode=compile` for h200:1x1: docs/results.md).
 SIZES = {
     "1b": dict(hidden=1024, layers=12, heads=8, head_dim=128, experts=64, topk=2, moe_ffn=384,
                vocab=32768),
+    "a3b_slice": dict(preset="qwen3_5_35b_a3b", layers=4),
     "smoke": dict(hidden=64, layers=4, heads=4, head_dim=16, experts=8, topk=2, moe_ffn=32,
                   vocab=1024),
 }
 # Batch shapes per size: model_step rows x tokens; train_step prompts x samples x tokens in
-# micro-batches; decode prompt length, timed steps, concurrencies.
+# micro-batches; decode prompt length, timed steps, concurrencies; seconds a benchmark may take
+# (`--timeout` 0: this; decode twice).
 RUNS = {
     "1b": dict(step_batch=8, step_seq=2048, prompts=8, samples=4, train_seq=2048, micro=4,
-               prompt_len=256, decode_tokens=64, concurrency=(8, 32, 128)),
+               prompt_len=256, decode_tokens=64, concurrency=(8, 32, 128), timeout=100),
+    # 16 rows of 4,096 tokens in 4 micro-batches, as the 1b step's 32 rows of 2,048.
+    "a3b_slice": dict(step_batch=4, step_seq=4096, prompts=4, samples=4, train_seq=4096,
+                      micro=4, prompt_len=256, decode_tokens=64, concurrency=(8, 32, 128),
+                      timeout=300),
     "smoke": dict(step_batch=2, step_seq=128, prompts=2, samples=2, train_seq=128, micro=1,
-                  prompt_len=16, decode_tokens=4, concurrency=(2, 4)),
+                  prompt_len=16, decode_tokens=4, concurrency=(2, 4), timeout=300),
 }
 
 
@@ -93,7 +105,11 @@ def gpu_figures(name: str):
 
 
 def model_overrides(size: dict, dtype: str) -> dict:
-  """The model config keys of `size` (benchmarks/model_step.py's flags) as config fields."""
+  """The model config keys of `size` (benchmarks/model_step.py's flags, or a preset's fields
+  and a layer count) as config fields."""
+  if "preset" in size:
+    fields = {k: v for k, v in presets.preset(size["preset"]).items() if k != "layer_types"}
+    return dict(fields, num_hidden_layers=size["layers"], param_dtype=dtype, dtype=dtype)
   h, heads, hd = size["hidden"], size["heads"], size["head_dim"]
   return dict(hidden_size=h, num_hidden_layers=size["layers"], vocab_size=size["vocab"],
               num_attention_heads=heads, num_key_value_heads=2, head_dim=hd,
@@ -104,6 +120,14 @@ def model_overrides(size: dict, dtype: str) -> dict:
               shared_expert_intermediate_size=size["moe_ffn"],
               tie_word_embeddings=False, partial_rotary_factor=0.25,
               param_dtype=dtype, dtype=dtype)
+
+
+def step_flags(fields: dict) -> dict:
+  """benchmarks/model_step.py's size flags of the model `fields` (its `--set` gives the rest)."""
+  keys = dict(hidden="hidden_size", layers="num_hidden_layers", heads="num_attention_heads",
+              head_dim="head_dim", experts="num_experts", topk="num_experts_per_tok",
+              moe_ffn="moe_intermediate_size", vocab="vocab_size")
+  return {flag: fields[key] for flag, key in keys.items()}
 
 
 def model_config(size: dict, dtype: str = "bfloat16"):
@@ -179,6 +203,8 @@ def parse_args(argv=None):
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--out", default="runs/accelerator")
   ap.add_argument("--smoke", action="store_true", help="tiny config on the CPU")
+  ap.add_argument("--size", default="1b", choices=[k for k in SIZES if k != "smoke"],
+                  help="the model: 1b, or a3b_slice (one layer cycle of 35B-A3B)")
   ap.add_argument("--gpu_name", default="", help="'' = nvidia-smi's; the smoke run's default "
                   "is NVIDIA H200 (its table entry, to exercise the maths)")
   ap.add_argument("--breakdown", action="store_true",
@@ -190,8 +216,8 @@ def parse_args(argv=None):
   ap.add_argument("--decode_prompt_len", type=int, default=0,
                   help="decode's prompt length (0 = the size's: 256 for 1b); a long one, e.g. "
                   "8192, is where model.decode_attention=fused reads less than xla")
-  ap.add_argument("--timeout", type=float, default=100.0,
-                  help="seconds per benchmark (decode: twice)")
+  ap.add_argument("--timeout", type=float, default=0.0,
+                  help="seconds per benchmark (decode: twice); 0 = the size's (RUNS)")
   return ap.parse_args(argv)
 
 
@@ -209,8 +235,9 @@ def main(argv=None, run_child=None):
   args = parse_args(argv)
   run_child = run_child or _run
   settings = dict(_model_setting(s) for s in args.set)
-  size_name = "smoke" if args.smoke else "1b"
+  size_name = "smoke" if args.smoke else args.size
   size, run = SIZES[size_name], dict(RUNS[size_name])
+  timeout = args.timeout or run["timeout"]
   if args.decode_prompt_len:
     run["prompt_len"] = args.decode_prompt_len
   dtype = "bfloat16"   # params and compute, the smoke run too: the dtype the GPU runs
@@ -234,21 +261,22 @@ def main(argv=None, run_child=None):
   print(f"model ({size_name}): {counts['total'] / 1e6:.1f} M params, "
         f"{counts['active'] / 1e6:.1f} M "
         f"active ({counts['total'] / counts['active']:.1f}x fewer), {dtype}")
+  fields = model_overrides(size, dtype)
   result = {"gpu": gpu, "jax_version": jax.__version__, "smoke": args.smoke, "dtype": dtype,
-            "model": size,
+            "size": size_name, "model": fields,
             "params": counts["total"], "active_params": counts["active"],
             "peak_flops": figures[0] if figures else None,
             "hbm_bytes_per_s": figures[1] if figures else None, "settings": settings,
             "decode_prompt_len": run["prompt_len"]}
   py = sys.executable
-  over = {**model_overrides(size, dtype), **settings}
+  over = {**fields, **settings}
 
   # Model step: forward + backward of the jitted model.
   step_cmd = [py, os.path.join(HERE, "model_step.py"), "--no_torch", f"--dtype={dtype}",
               "--compile_layers=", f"--batch={run['step_batch']}", f"--seq={run['step_seq']}"
-              ] + [f"--{k}={v}" for k, v in size.items()] + [f"--set=model.{k}={v}"
-                                                            for k, v in settings.items()]
-  ms, secs = run_child("model_step", step_cmd + ["--iters=5"], args.timeout, env, out_dir)
+              ] + [f"--{k}={v}" for k, v in step_flags(fields).items()] + [
+                  f"--set=model.{k}={v}" for k, v in over.items()]
+  ms, secs = run_child("model_step", step_cmd + ["--iters=5"], timeout, env, out_dir)
   result["model_step"] = dict(ms, wall_s=secs)
   if "jax_tokens_per_s" in ms and figures:
     fpt = flops_per_token(cfg, run["step_seq"])
@@ -266,7 +294,7 @@ def main(argv=None, run_child=None):
          # matmuls run either way: the compiled FLOPs of the two differ by ~1.5%).
          "--config.optim.trainable="]
   cmd += [f"--config.model.{k}={v}" for k, v in over.items()]
-  ts, secs = run_child("train_step", cmd, args.timeout, env, out_dir)
+  ts, secs = run_child("train_step", cmd, timeout, env, out_dir)
   result["train_step"] = dict(ts, wall_s=secs)
   if "tokens_per_s" in ts and figures:
     fpt = flops_per_token(cfg, run["train_seq"])
@@ -278,7 +306,7 @@ def main(argv=None, run_child=None):
          f"--prompt_len={run['prompt_len']}", f"--tokens={run['decode_tokens']}",
          "--concurrency=" + ",".join(str(c) for c in run["concurrency"])]
   cmd += [f"--set=model.{k}={v}" for k, v in over.items()]
-  dec, secs = run_child("decode", cmd, 2 * args.timeout, env, out_dir)
+  dec, secs = run_child("decode", cmd, 2 * timeout, env, out_dir)
   result["decode"] = dict(dec, wall_s=secs)
   if "engine_tokens_per_s" in dec and figures:
     context = run["prompt_len"] + run["decode_tokens"] / 2   # mean tokens cached per step
@@ -297,7 +325,7 @@ def main(argv=None, run_child=None):
   if args.breakdown:
     # Where the model step's time goes: each component jitted alone (model_step --breakdown).
     cmd = step_cmd + ["--iters=2", "--rounds=2", "--breakdown", "--breakdown_rounds=3"]
-    bd, secs = run_child("breakdown", cmd, args.timeout, env, out_dir)
+    bd, secs = run_child("breakdown", cmd, timeout, env, out_dir)
     result["breakdown"] = dict(bd.get("breakdown", bd), wall_s=secs)
 
   for name in ("model_step", "train_step", "decode"):

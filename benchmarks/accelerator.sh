@@ -7,9 +7,11 @@
 #   ACCEL_SMOKE=1 benchmarks/accelerator.sh    # tiny config on the CPU, no install: the logic
 #   benchmarks/accelerator.sh --breakdown      # also: the model step's time per component
 #   benchmarks/accelerator.sh --set=model.gdn_scan=fused   # a model setting for every part
+#   benchmarks/accelerator.sh --size=a3b_slice  # one layer cycle of 35B-A3B (300 s a part at most)
 #
 # PYTHON: the interpreter (default .venv/bin/python, else python3); OUT: the output folder;
-# ACCEL_TIMEOUT: seconds per benchmark (decode twice); ACCEL_NO_INSTALL=1: never pip install.
+# ACCEL_TIMEOUT: seconds per benchmark (decode twice; default the size's: 100 s for the 1b,
+# 300 for a3b_slice); ACCEL_NO_INSTALL=1: never pip install.
 #
 # With the machine's own jax, where nothing can be installed (no package index): an interpreter
 # whose jax already sees the GPU gets no install, whatever its version (issue 48 ran jax 0.11.2
@@ -35,7 +37,7 @@ OUT="${OUT:-runs/accelerator}"
 mkdir -p "$OUT"
 
 if [[ -n "${ACCEL_SMOKE:-}" ]]; then
-  exec "$PYTHON" benchmarks/accelerator.py --smoke --out "$OUT" --timeout "${ACCEL_TIMEOUT:-300}" "$@"
+  exec "$PYTHON" benchmarks/accelerator.py --smoke --out "$OUT" --timeout "${ACCEL_TIMEOUT:-0}" "$@"
 fi
 
 if ! command -v nvidia-smi >/dev/null; then
@@ -60,4 +62,4 @@ if ! "$PYTHON" -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')" 2>
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$PYTHON" -c "import jax; print('jax', jax.__version__)"
-exec "$PYTHON" benchmarks/accelerator.py --out "$OUT" --timeout "${ACCEL_TIMEOUT:-100}" "$@"
+exec "$PYTHON" benchmarks/accelerator.py --out "$OUT" --timeout "${ACCEL_TIMEOUT:-0}" "$@"

@@ -13,6 +13,8 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import accelerator  # noqa: E402
 import device_memory  # noqa: E402
+from configs import base  # noqa: E402
+from models import presets  # noqa: E402
 from models import qwen3_5  # noqa: E402
 
 # A platform jax does not know: in a process with JAX_PLATFORMS set to it, starting any backend
@@ -26,16 +28,17 @@ import json, sys
 import accelerator
 from models import qwen3_5
 
-calls = {}
+calls, timeouts = {}, {}
 def child(name, cmd, timeout, env, log_dir):
-  calls[name] = cmd
+  calls[name], timeouts[name] = cmd, timeout
   return {"model_step": {"jax_tokens_per_s": 1e4, "peak_bytes_in_use": 5 * 2**30},
           "train_step": {"tokens_per_s": 1e4, "peak_bytes_in_use": 7 * 2**30},
           "decode": {"engine_tokens_per_s": {"8": 1e3, "32": 3e3},
                      "peak_bytes_in_use": None}}[name], 1.0
 counts = qwen3_5.count_params(accelerator.model_config(accelerator.SIZES["1b"]))
 result = accelerator.main(sys.argv[2:], run_child=child)
-json.dump({"result": result, "calls": calls, "counts": counts}, open(sys.argv[1], "w"))
+json.dump({"result": result, "calls": calls, "timeouts": timeouts, "counts": counts},
+          open(sys.argv[1], "w"))
 """
 
 
@@ -223,3 +226,27 @@ def test_a_long_decode_prompt_reaches_the_decode_child_and_its_roofline(tmp_path
   assert long["result"]["decode_prompt_len"] == 8192
   roof = lambda r: r["result"]["decode"]["roofline"]["8"]["roofline_tokens_per_s"]
   assert roof(long) < roof(short)
+
+
+def test_the_a3b_slice_is_one_layer_cycle_of_35b_a3b_at_its_widths(tmp_path):
+  """--size=a3b_slice: every width of the 35B-A3B preset (256 experts top-8, the 248k
+  vocabulary, 16/32 Gated DeltaNet heads) with 4 layers (3 Gated DeltaNet, 1 attention), the
+  widths each child is given, and the size's longer time limit."""
+  cfg = accelerator.model_config(accelerator.SIZES["a3b_slice"])
+  m = base.get_model_config()
+  m.update(presets.preset("qwen3_5_35b_a3b"), num_hidden_layers=4, param_dtype="bfloat16",
+           dtype="bfloat16")
+  assert cfg == qwen3_5.config_from_dict(m)
+  assert list(cfg.layer_types).count("linear_attention") == 3 and len(cfg.layer_types) == 4
+  counts = qwen3_5.count_params(cfg)
+  assert 4e9 < counts["total"] < 5e9 and counts["active"] < counts["total"] / 3, counts
+  got = _parent(tmp_path, "--gpu_name=NVIDIA H200", "--size=a3b_slice")
+  calls, result = got["calls"], got["result"]
+  assert result["size"] == "a3b_slice" and result["params"] == counts["total"]
+  assert {"--hidden=2048", "--experts=256", "--topk=8", "--vocab=248320",
+          "--set=model.linear_num_value_heads=32"} <= set(calls["model_step"])
+  assert "--config.model.linear_num_key_heads=16" in calls["train_step"]
+  assert "--config.model.num_hidden_layers=4" in calls["train_step"]
+  assert "--set=model.num_experts=256" in calls["decode"]
+  assert got["timeouts"] == {"model_step": 300, "train_step": 300, "decode": 600}
+  assert _parent(tmp_path, "--gpu_name=NVIDIA H200")["timeouts"]["model_step"] == 100
