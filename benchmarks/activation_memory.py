@@ -46,6 +46,7 @@ import accelerator  # noqa: E402  (a sibling: benchmarks/ is sys.path[0])
 from models import aot  # noqa: E402
 from models import config as config_lib  # noqa: E402
 from models.config import GDN_SCANS  # noqa: E402
+from models.config import MOE_DISPATCHES  # noqa: E402
 from models import qwen3_5  # noqa: E402
 from models.layers import attention  # noqa: E402
 from models.layers import gated_deltanet  # noqa: E402
@@ -168,16 +169,16 @@ def measure(mc, rows: int, seq: int, target: str, names, kept: bool = True, log=
   return {"parts": out, "plan": planned, "plan_parts": parts}
 
 
-def size_config(size: str, remat: str, gdn_scan: str = GDN_SCANS[0]):
+def size_config(size: str, remat: str, gdn_scan: str = GDN_SCANS[0], moe_dispatch: str = "auto"):
   mc = accelerator.model_config(accelerator.SIZES[size], "bfloat16")
-  return mc.replace(remat=remat, gdn_scan=gdn_scan)
+  return mc.replace(remat=remat, gdn_scan=gdn_scan, moe_dispatch=moe_dispatch)
 
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--targets", default="cpu,h200", help="comma list of cpu | a GPU kind (h200, h100)")
   ap.add_argument("--size", default="1b", choices=tuple(accelerator.SIZES),
-                  help="benchmarks/accelerator.py SIZES: 1b, or smoke (a seconds-long check)")
+                  help="benchmarks/accelerator.py SIZES: 1b, a3b_slice, or smoke (a seconds-long check)")
   ap.add_argument("--tokens", type=int, default=16384)
   ap.add_argument("--seq", type=int, default=2048)
   ap.add_argument("--remat", default="none", choices=("none", "full"))
@@ -186,9 +187,12 @@ def main(argv=None):
                   help="also compile 2- and 3-layer stacks of each layer part (what a layer keeps)")
   ap.add_argument("--gdn_scan", default=GDN_SCANS[0], choices=GDN_SCANS,
                   help="model.gdn_scan: the chunked delta rule's walk over chunks")
+  ap.add_argument("--moe_dispatch", default="auto", choices=MOE_DISPATCHES,
+                  help="model.moe_dispatch: how the routed rows meet the experts (auto: the "
+                  "target's)")
   args = ap.parse_args(argv)
   rows = args.tokens // args.seq
-  mc = size_config(args.size, args.remat, args.gdn_scan)
+  mc = size_config(args.size, args.remat, args.gdn_scan, args.moe_dispatch)
   planned = plan.activation_bytes(mc, args.seq, rows, 1)
   tok = rows * args.seq
   print(f"{args.size} MoE ({qwen3_5.count_params(mc)['total'] / 1e9:.2f} B params), {rows} x "
