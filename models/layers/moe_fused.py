@@ -9,8 +9,10 @@ its ~63 distinct experts hold (docs/results.md).
 
 Here one Triton kernel (Pallas) reads each block's expert matrix where it lies: one program per
 (block, column tile of d_out) walks d_in in tiles, `xs[block] @ w[layer, expert of block]`,
-float32 accumulation; blocks past `used_blocks` (the layout's padding) write zeros without
-reading. Blocks of fewer than 16 rows (decode) are padded to Triton's 16. The weights may be
+float32 accumulation; blocks past `used_blocks` (the layout's padding) or of expert -1 (a
+decode step's pair of another device's expert) write zeros without reading. Blocks of 2 to 15
+rows are padded to the 16 Triton's dot takes; a block of one row (a decode step's pair) is
+products and a sum instead, unpadded. The weights may be
 every layer's stack with the layer's index (the decode step passes them so: a kernel's operand
 that is a slice of the layer scan's stacked weights would be copied out whole first), or one
 layer's.
@@ -56,17 +58,26 @@ def _kernel(layer_ref, expert_ref, used_ref, x_ref, w_ref, o_ref, *, tile_in: in
   (`transpose`: @ w[layer, expert, j-th tile, :]^T)."""
   block, j = pl.program_id(0), pl.program_id(1)
   layer, expert = layer_ref[0], expert_ref[block]
-  steps = jnp.where(block < used_ref[0], jnp.int32(d_in // tile_in), jnp.int32(0))
+  live = (block < used_ref[0]) & (expert >= 0)
+  steps = jnp.where(live, jnp.int32(d_in // tile_in), jnp.int32(0))
+  expert = jnp.maximum(expert, 0)
 
   def step(i, acc):
     x = x_ref[:, pl.ds(i * tile_in, tile_in)]
     if transpose:
       w = w_ref[layer, expert, pl.ds(j * tile_out, tile_out), pl.ds(i * tile_in, tile_in)]
-      xw = jax.lax.dot_general(x, w.astype(x.dtype), (((1,), (1,)), ((), ())),
-                               preferred_element_type=jnp.float32)
     else:
       w = w_ref[layer, expert, pl.ds(i * tile_in, tile_in), pl.ds(j * tile_out, tile_out)]
-      xw = jnp.dot(x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+    w = w.astype(x.dtype)
+    if x.shape[0] == 1:
+      # One row (a decode step's pair): products and a sum, as Triton's dot takes >= 16 rows.
+      x32, w32 = x[0].astype(jnp.float32), w.astype(jnp.float32)
+      xw = (jnp.sum(x32[None, :] * w32, axis=1) if transpose
+            else jnp.sum(x32[:, None] * w32, axis=0))[None, :]
+    elif transpose:
+      xw = jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    else:
+      xw = jnp.dot(x, w, preferred_element_type=jnp.float32)
     return acc + xw
 
   acc = jax.lax.fori_loop(0, steps, step, jnp.zeros(o_ref.shape, jnp.float32))
@@ -98,15 +109,16 @@ def _used(used_blocks, blocks: int):
 def block_matmul(xs, w, block_expert, used_blocks=None, layer=None, transpose=False):
   """xs [blocks, rows, d_in] @ w[block_expert] (w [experts, d_in, d_out], or every layer's
   [layers, experts, d_in, d_out] with `layer` its index) -> [blocks, rows, d_out] in xs's dtype
-  (w's tiles are cast to it); blocks from `used_blocks` on (a traced count; None: none) are
-  zeros. `transpose`: xs @ w[block_expert]^T, w [experts, d_out, d_in] (the input gradient)."""
+  (w's tiles are cast to it); blocks from `used_blocks` on (a traced count; None: none), and
+  blocks whose expert is negative, are zeros, read nothing. `transpose`: xs @ w[block_expert]^T,
+  w [experts, d_out, d_in] (the input gradient)."""
   interpret = common.triton_interpret("moe_dispatch=blocked_fused", "gmm or blocked")
   if layer is None:
     w, layer = w[None], 0
   blocks, rows, d_in = xs.shape
   d_out = w.shape[-2] if transpose else w.shape[-1]
   tile_in, tile_out = _tiles(d_in, d_out, interpret, "the matrix's d_in, d_out")
-  padded = max(TRITON_ROWS, rows)
+  padded = rows if rows == 1 else max(TRITON_ROWS, rows)
   kernel = functools.partial(_kernel, tile_in=tile_in, tile_out=tile_out, d_in=d_in,
                              transpose=transpose)
   out = pl.pallas_call(

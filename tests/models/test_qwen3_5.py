@@ -526,11 +526,15 @@ def _h200_decode_hlo(cfg, slots=8, max_len=256) -> str:
     return step.lower(cfg, params, cache, tokens).compile().as_text()
 
 
-def test_the_gpu_decode_step_with_fused_experts_copies_no_expert_matrix():
+@pytest.mark.parametrize("experts", [8, 32])
+def test_the_gpu_decode_step_with_fused_experts_copies_no_expert_matrix(experts):
   """moe_dispatch=blocked_fused, compiled for an H200: the decode step's expert matmuls read
   every layer's stacked experts in place (Triton kernels), where `blocked` gathers each block's
-  expert matrices and a kernel handed the layer scan's slice of the stack copies it whole."""
-  cfg = _tiny(num_hidden_layers=8, hidden_size=64, moe_intermediate_size=32)
+  expert matrices and a kernel handed the layer scan's slice of the stack copies it whole. With
+  32 experts the 8 slots' 16 pairs are fewer than the experts: one-row blocks in token order
+  (moe._pair_experts), whose kernel sums products instead of Triton's dot."""
+  cfg = _tiny(num_hidden_layers=8, hidden_size=64, moe_intermediate_size=32,
+              num_experts=experts)
   experts_shaped = re.compile(r"= [a-z0-9]+\[(?:\d+,)*(64,32|32,64)\]")
   moved = lambda hlo: [l for l in hlo.splitlines() if experts_shaped.search(l)
                        and re.search(r" (fusion|copy|gather|dynamic-slice)\(", l)

@@ -422,14 +422,43 @@ def test_the_fused_matmul_reads_one_layer_of_stacked_experts_and_skips_unused_bl
   assert not np.any(np.asarray(got[4:]))
 
 
+def test_a_decode_step_with_fewer_pairs_than_experts_runs_each_pair_as_its_own_block():
+  """`blocked_fused` at decode (every layer's stacked experts and a layer index) with fewer
+  (token, slot) pairs than experts, where the layout's blocks are single rows: each pair is its
+  own block in token order, no sorting, counting or scattering (no scatter in the program:
+  the layout's places its rows by one); the values are the blocked dispatch's on that layer's experts, and under expert
+  parallelism (`first_expert`) the pairs of other devices' experts add nothing."""
+  cfg = _cfg(32, k=2, dispatch="blocked_fused", shared=0)      # 8 tokens: 16 pairs < 32 experts
+  p = moe.init(jax.random.key(0), cfg)
+  routed = ("wi_gate", "wi_up", "wo")
+  stacked = dict(p, **{k: jnp.stack([p[k] * (1.0 + 0.5 * i) for i in range(3)]) for k in routed})
+  layer1 = dict(p, **{k: stacked[k][1] for k in routed})
+  x = jax.random.normal(jax.random.key(1), (8, 1, cfg.hidden_size))
+  blocked = cfg.replace(moe_dispatch="blocked")
+  want = moe.forward(layer1, x, blocked)[0]
+  fused = jax.jit(lambda p, x: moe.forward(p, x, cfg, layer=jnp.int32(1))[0])
+  np.testing.assert_allclose(fused(stacked, x), want, atol=1e-5 * float(jnp.max(jnp.abs(want))))
+  assert "scatter" not in fused.lower(stacked, x).as_text()
+  assert "scatter" in jax.jit(lambda p, x: moe.forward(p, x, blocked)[0]).lower(layer1, x).as_text()
+  # A device holding experts 8..15 of each layer: only the pairs routed there.
+  flat = x.reshape(8, -1)
+  _, weights, experts = moe.route(p["router"], flat, cfg)
+  share = dict(stacked, **{k: stacked[k][:, 8:16] for k in routed})
+  got = moe._pair_experts(share, flat, weights, experts, cfg, 8, jnp.int32(1))
+  mine = (experts >= 8) & (experts < 16)
+  want_share = moe.routed_experts(layer1, flat, jnp.where(mine, weights, 0.0), experts, blocked)
+  assert np.any(np.asarray(mine)) and not np.all(np.asarray(mine))
+  np.testing.assert_allclose(got, want_share, atol=1e-5 * float(jnp.max(jnp.abs(want_share))))
+
+
 def test_the_fused_backward_kernels_give_the_transposed_matmul_and_per_expert_weight_sums():
   """The backward of `blocked_fused`: `block_matmul(transpose=True)` is each block's rows
   against its expert's matrix transposed, and `expert_weight_grads` each expert's sum of x^T dy
   over its blocks (float32): blocks of one expert run contiguous, an expert with no block gets
-  zeros, blocks from `used_blocks` on are left out; rows fewer than Triton's 16 included."""
+  zeros, blocks from `used_blocks` on are left out; one row (no dot) and 4 (padded to 16) too."""
   rng = np.random.default_rng(5)
   block_expert = jnp.asarray([0, 0, 0, 2, 3, 3, 4, 4], jnp.int32)   # expert 1 has no block
-  for rows in (4, 32):
+  for rows in (1, 4, 32):
     xs = jnp.asarray(rng.standard_normal((8, rows, 64)), jnp.float32)
     dy = jnp.asarray(rng.standard_normal((8, rows, 32)), jnp.float32)
     w = jnp.asarray(rng.standard_normal((5, 64, 32)), jnp.float32)
