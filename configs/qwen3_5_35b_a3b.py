@@ -11,9 +11,10 @@ docs/results.md#full-size-programs-compiled-for-their-targets). Precision and hy
 configs/report_recipe.py. On GPUs, `--config.model.gdn_scan=fused` runs each Gated DeltaNet walk
 over its chunks as one kernel (far fewer kernel launches a step), and
 `--config.model.decode_attention=fused` each decode step's read of the KV cache (each row to its
-own length, no block copied) and `--config.model.moe_dispatch=blocked_fused` the routed
-experts' matmuls and their gradients (read in place, not gathered per block); none has run
-on a GPU yet, so none is the default:
+own length, no block copied), `--config.model.gdn_decode=fused` each decode step's Gated
+DeltaNet state update (each state read and written once, in place) and
+`--config.model.moe_dispatch=blocked_fused` the routed experts' matmuls and their gradients
+(read in place, not gathered per block); none has run on a GPU yet, so none is the default:
 docs/accelerators.md#compiling-for-a-slice-from-a-cpu.
 Several hosts: the rollout servers run as their own jobs (`launch.py --mode=serve
 --config.rollout.mesh_shape=...` on each; `rollout.servers` and `rollout.weights_dir` for the

@@ -29,6 +29,9 @@ GDN_SCANS = ("outputs", "states", "fused")
 # The values of ModelConfig.decode_attention: how a decode step attends to the KV cache
 # (models/layers/attention.py `decode`; models/layers/decode_fused.py).
 DECODE_ATTENTIONS = ("xla", "fused")
+# The values of ModelConfig.gdn_decode: how a decode step updates each Gated DeltaNet state
+# (models/layers/gated_deltanet.py `recurrent_delta_rule`; models/layers/gdn_fused.py).
+GDN_DECODES = ("xla", "fused")
 # The values of ModelConfig.moe_expert_parallel (models/layers/moe.py, `expert_parallel`).
 MOE_EXPERT_PARALLEL = ("auto", "on", "off")
 
@@ -77,6 +80,7 @@ class ModelConfig:
   gdn_precision: str = "highest"
   gdn_scan: str = "outputs"
   decode_attention: str = "xla"
+  gdn_decode: str = "xla"
   moe_expert_parallel: str = "auto"
 
   def __post_init__(self):
@@ -93,8 +97,7 @@ class ModelConfig:
     if self.use_moe and not 0 < self.num_experts_per_tok <= self.num_experts:
       raise ValueError("num_experts_per_tok must be in [1, num_experts]")
     if self.moe_dispatch not in MOE_DISPATCHES:
-      raise ValueError("moe_dispatch must be 'auto', 'ragged_dot', 'blocked' or 'gmm', got "
-                       f"{self.moe_dispatch!r}")
+      raise ValueError(f"moe_dispatch must be one of {MOE_DISPATCHES}, got {self.moe_dispatch!r}")
     if self.moe_block_size < 1:
       raise ValueError(f"moe_block_size must be >= 1, got {self.moe_block_size}")
     if self.moe_block_chunk < -1:
@@ -112,6 +115,8 @@ class ModelConfig:
     if self.decode_attention not in DECODE_ATTENTIONS:
       raise ValueError(f"decode_attention must be one of {DECODE_ATTENTIONS}, got "
                        f"{self.decode_attention!r}")
+    if self.gdn_decode not in GDN_DECODES:
+      raise ValueError(f"gdn_decode must be one of {GDN_DECODES}, got {self.gdn_decode!r}")
     if self.moe_expert_parallel not in MOE_EXPERT_PARALLEL:
       raise ValueError(f"moe_expert_parallel must be one of {MOE_EXPERT_PARALLEL}, got "
                        f"{self.moe_expert_parallel!r}")

@@ -101,8 +101,9 @@ def _block(p, x, positions, cfg: ModelConfig, layer_type: str, cache, lengths, m
 
   mode: "prefill" (a whole sequence from position 0), "extend" (a continuation of the cached
   prefix in `cache`), "append" (a continuation written into a decode-layout cache) or "decode"
-  (one token per row against the cache; an attention layer's cache is then every cycle's
-  stacked one, `layer` the index of this block's cycle in it). `experts_layer`: p's routed
+  (one token per row against the cache; an attention layer's cache, and with
+  `gdn_decode=fused` a Gated DeltaNet layer's, is then every cycle's stacked one, `layer` the
+  index of this block's cycle in it). `experts_layer`: p's routed
   experts are every cycle's stack and this block's cycle is that index (`moe.forward`).
   """
   # The named scopes label each part's ops in a profile (op names "gdn/...", "moe/...").
@@ -110,7 +111,8 @@ def _block(p, x, positions, cfg: ModelConfig, layer_type: str, cache, lengths, m
   with jax.named_scope("gdn" if layer_type == LINEAR else "attention"):
     if layer_type == LINEAR:
       h, cache = gated_deltanet.forward(p["mixer"], h, cfg, state=cache, lengths=lengths,
-                                        rule="recurrent" if mode == "decode" else "chunked")
+                                        rule="recurrent" if mode == "decode" else "chunked",
+                                        layer=layer)
     elif mode == "decode":
       h, cache = attention.decode(p["mixer"], h, positions[:, 0], cache, cfg, layer=layer)
     elif mode == "extend":
@@ -170,7 +172,8 @@ def _run_layers(cfg: ModelConfig, params, x, positions, cache=None, lengths=None
     kv = list(kv)
     for j, layer_type in enumerate(cfg.cycle):
       c = None if block_cache is None else block_cache[j]
-      in_place = carried[j] and layer_type == FULL     # attention.decode indexes the stack
+      # attention.decode (and with gdn_decode=fused the Gated DeltaNet) indexes the stack.
+      in_place = carried[j] and (layer_type == FULL or cfg.gdn_decode == "fused")
       if in_place:
         c = kv[j]
       elif carried[j]:

@@ -25,7 +25,7 @@ from rl.rollout import serve
 # config.model keys that say how to run a model, not which model it is: kept from the run.
 _RUNTIME_KEYS = ("preset", "param_dtype", "dtype", "scan_layers", "remat", "gdn_chunk_size",
                  "attention_query_chunk", "attention_causal_block", "logits_chunk", "gdn_precision",
-                 "gdn_scan", "decode_attention")
+                 "gdn_scan", "decode_attention", "gdn_decode")
 
 
 @dataclasses.dataclass

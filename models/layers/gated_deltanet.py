@@ -300,7 +300,7 @@ def _causal_conv(x, conv_state, weight):
 
 
 def forward(p, x, cfg: ModelConfig, state=None, lengths=None, rule: str = "chunked",
-            recompute: bool = True):
+            recompute: bool = True, layer=None):
   """Gated DeltaNet over x [batch, seq, embed].
 
   Args:
@@ -313,8 +313,12 @@ def forward(p, x, cfg: ModelConfig, state=None, lengths=None, rule: str = "chunk
     recompute: the gradient keeps only the mixer's bfloat16 inputs (the four projections'
       outputs) and its output, and recomputes the rest in the backward pass (`_mix`). False
       keeps what autodiff saves; the values and gradients are the same.
+    layer: None, or (decode with `cfg.gdn_decode == "fused"`) the index of this layer in
+      `state`, which is then every layer's stacked {"conv": [L, ...], "ssm": [L, ...]}: the
+      kernel updates the layer's S in place in the stack (`gdn_fused.recurrent_step`), where
+      XLA's step reads S several times and copies the new one into the stack.
   Returns:
-    ([batch, seq, embed], new state).
+    ([batch, seq, embed], new state; stacked if it came stacked).
   """
   dt = cfg.jnp_dtype
   x = x.astype(dt)
@@ -326,13 +330,17 @@ def forward(p, x, cfg: ModelConfig, state=None, lengths=None, rule: str = "chunk
   mix = functools.partial(_mix, cfg=cfg, rule=rule)
   if recompute:
     mix = common.recompute(mix)
-  out, conv_state, ssm = mix(mix_params, qkv, z, beta_in, a, state, lengths)
+  mix_state = state if layer is None else {"conv": state["conv"][layer], "ssm": state["ssm"]}
+  out, conv_state, ssm = mix(mix_params, qkv, z, beta_in, a, mix_state, lengths, layer)
   out = common.dense(out, p["out_proj"], dt)
   conv_dtype = dt if state is None else state["conv"].dtype
-  return out, {"conv": conv_state.astype(conv_dtype), "ssm": ssm}
+  conv_state = conv_state.astype(conv_dtype)
+  if layer is not None:
+    conv_state = state["conv"].at[layer].set(conv_state)
+  return out, {"conv": conv_state, "ssm": ssm}
 
 
-def _mix(p, qkv, z, beta_in, a, state, lengths, cfg: ModelConfig, rule: str):
+def _mix(p, qkv, z, beta_in, a, state, lengths, layer, cfg: ModelConfig, rule: str):
   """Everything between the input projections and out_proj, one function so that `forward`
   can rematerialise it whole.
 
@@ -346,7 +354,8 @@ def _mix(p, qkv, z, beta_in, a, state, lengths, cfg: ModelConfig, rule: str):
     qkv: [b, t, conv_dim] the conv's input; z: [b, t, v_heads * d_v]; beta_in, a: [b, t,
       v_heads], all in the activation dtype.
     state: as in `forward`; None starts from zeros (made here, so the gradient does not keep
-      a [b, v_heads, d_v, d_k] array of zeros).
+      a [b, v_heads, d_v, d_k] array of zeros). With `layer` (`forward`'s), its "ssm" is every
+      layer's stacked S and the returned ssm state the stack, this layer's updated.
   Returns:
     (gated, normed output [b, t, v_heads * d_v], conv state [b, kernel-1, conv_dim], ssm state).
   """
@@ -394,7 +403,14 @@ def _mix(p, qkv, z, beta_in, a, state, lengths, cfg: ModelConfig, rule: str):
                                   chunk_size(cfg), cfg.gdn_backward, cfg.gdn_precision,
                                   cfg.gdn_scan)
     ssm = jnp.swapaxes(ssm, -1, -2)
+  elif rule == "recurrent" and cfg.gdn_decode == "fused" and t == 1:
+    out, ssm = gdn_fused.recurrent_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0],
+                                        state["ssm"], layer)
+    out = out[:, None]
   elif rule == "recurrent":
+    if layer is not None:
+      raise ValueError("a stacked Gated DeltaNet state with a layer index is for one-token "
+                       "decode steps with model.gdn_decode=fused")
     out, ssm = recurrent_delta_rule(q, k, v, g, beta, state["ssm"])
   else:
     raise ValueError(f"unknown delta rule form {rule!r}")

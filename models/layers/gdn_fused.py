@@ -182,3 +182,88 @@ def walk(u, w, k, decay, state, precision: str = "highest"):
   return jax.shard_map(local, mesh=mesh, in_specs=(chunked,) * 4 + (rows_heads,),
                        out_specs=(chunked, chunked, rows_heads), check_vma=False)(
                            u, w, k, decay, state)
+
+
+# A decode step's recurrent update (`model.gdn_decode=fused`): rows of the state a program holds.
+DECODE_BLOCK_V = 32
+
+
+def _decode_kernel(layer_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, s_ref, out_ref, s_out_ref,
+                   *, block_v: int):
+  """Program (row, head, j): the step on rows j*block_v.. of S^T ([d_v, d_k]), read once and
+  written once in place (`s_out_ref` is `s_ref`'s buffer)."""
+  b, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  rows = pl.ds(j * block_v, block_v)
+  layer = layer_ref[0]
+  s = s_ref[layer, b, h, rows, :] * jnp.exp(g_ref[b, h])            # [block_v, d_k]
+  k, q = k_ref[...], q_ref[...]                                       # [d_k]
+  predicted = jnp.sum(s * k[None, :], axis=1)                         # [block_v]
+  s = s + ((v_ref[...] - predicted) * beta_ref[b, h])[:, None] * k[None, :]
+  out_ref[...] = jnp.sum(s * q[None, :], axis=1)
+  s_out_ref[layer, b, h, rows, :] = s
+
+
+def _decode_local(q, k, v, g, beta, state, layer, interpret: bool):
+  """`recurrent_step` on one device's rows and heads (state stacked [L, b, h, d_v, d_k])."""
+  b, h, dv = v.shape
+  block_v = min(DECODE_BLOCK_V, dv)
+  vec = lambda d: pl.BlockSpec((None, None, d), lambda r, hh, j: (r, hh, 0))
+  out, state = pl.pallas_call(
+      functools.partial(_decode_kernel, block_v=block_v), grid=(b, h, dv // block_v),
+      in_specs=[pl.no_block_spec, vec(q.shape[-1]), vec(k.shape[-1]),
+                pl.BlockSpec((None, None, block_v), lambda r, hh, j: (r, hh, j)),
+                pl.no_block_spec, pl.no_block_spec, pl.no_block_spec],
+      out_specs=[pl.BlockSpec((None, None, block_v), lambda r, hh, j: (r, hh, j)),
+                 pl.no_block_spec],
+      out_shape=[jax.ShapeDtypeStruct(v.shape, jnp.float32),
+                 jax.ShapeDtypeStruct(state.shape, state.dtype)],
+      input_output_aliases={6: 1}, interpret=interpret,
+      compiler_params=None if interpret else pl_triton.CompilerParams(num_warps=NUM_WARPS,
+                                                                      num_stages=1),
+  )(layer, q, k, v, g, beta, state)
+  return out, state
+
+
+def recurrent_step(q, k, v, g, beta, state, layer=None):
+  """One token of the delta rule (`gated_deltanet.recurrent_delta_rule` with t = 1), one kernel:
+  each program reads its block of the state once, decays it, updates it with the token's
+  key and value and reads the output from it, and writes it back in place.
+
+  Args:
+    q, k: [batch, heads, d_k] float32 (normalised, q scaled, repeated to the value heads);
+    v: [batch, heads, d_v]; g, beta: [batch, heads] the log decay and the write strength.
+    state: [batch, heads, d_v, d_k] float32 (S transposed, the cache's layout), or every
+      layer's stacked [L, batch, heads, d_v, d_k] with `layer` (int32) the one to update.
+  Returns:
+    (out [batch, heads, d_v] float32, the state, stacked if it came stacked, updated in place).
+  """
+  interpret = common.triton_interpret("gdn_decode=fused", "xla")
+  dv, dk = state.shape[-2:]
+  if not interpret:
+    for name, n in (("linear_key_head_dim", dk),
+                    ("the value block, min(DECODE_BLOCK_V, linear_value_head_dim)",
+                     min(DECODE_BLOCK_V, dv))):
+      if n < 16 or n & (n - 1):
+        raise ValueError(f"model.gdn_decode=fused on GPU needs {name} a power of two >= 16, "
+                         f"got {n}")
+  stacked = layer is not None
+  if not stacked:
+    state, layer = state[None], 0
+  layer = jnp.asarray(layer, jnp.int32).reshape(1)
+  f32 = lambda *a: tuple(x.astype(jnp.float32) for x in a)
+  q, k, v, g, beta = f32(q, k, v, g, beta)
+  local = functools.partial(_decode_local, interpret=interpret)
+  on_mesh = common.kernel_mesh()
+  if on_mesh is None:
+    out, state = local(q, k, v, g, beta, state, layer)
+  else:
+    mesh, rules = on_mesh
+    rows_heads = sharding.logical_to_spec(("batch", "activation_heads"), rules, mesh,
+                                          state.shape[1:3])
+    vec, stack = PartitionSpec(*rows_heads, None), PartitionSpec(None, *rows_heads, None, None)
+    out, state = jax.shard_map(local, mesh=mesh,
+                               in_specs=(vec, vec, vec, rows_heads, rows_heads, stack,
+                                         PartitionSpec()),
+                               out_specs=(vec, stack), check_vma=False)(
+                                   q, k, v, g, beta, state, layer)
+  return out, (state if stacked else state[0])

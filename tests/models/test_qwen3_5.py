@@ -543,3 +543,23 @@ def test_the_gpu_decode_step_with_fused_experts_copies_no_expert_matrix(experts)
   fused = _h200_decode_hlo(cfg.replace(moe_dispatch="blocked_fused"))
   assert not moved(fused), moved(fused)[:3]
   assert 'custom_call_target="__gpu$xla.gpu.triton"' in fused
+
+
+def test_the_gpu_decode_step_with_the_fused_state_update_reads_and_writes_each_state_in_place():
+  """gdn_decode=fused, compiled for an H200: each Gated DeltaNet state is touched only by its
+  layer's Triton kernel, which updates it in place in the stacked carry; XLA's step makes new
+  states in separate kernels (reading S for the prediction, the update and the output) and
+  copies each into the stack."""
+  cfg = _tiny(num_hidden_layers=8)
+  state = re.compile(r"= f32\[(?:\d+,)?8,%d,%d,%d\]" % (
+      cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_key_head_dim))
+  made = lambda hlo: [l for l in hlo.splitlines() if state.search(l)
+                      and re.search(r" (fusion|copy|dynamic-update-slice)\(", l)]
+  assert made(_h200_decode_hlo(cfg))
+  fused = _h200_decode_hlo(cfg.replace(gdn_decode="fused"))
+  assert not made(fused), made(fused)[:3]
+  stack = re.compile(r"f32\[2,8,%d,%d,%d\]" % (
+      cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_key_head_dim))
+  in_place = [l for l in fused.splitlines() if stack.search(l) and " custom-call(" in l]
+  # One a Gated DeltaNet layer of the cycle (of every cycle where the layer scan is unrolled).
+  assert in_place and len(in_place) % cfg.cycle.count("linear_attention") == 0

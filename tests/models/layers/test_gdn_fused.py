@@ -120,3 +120,86 @@ def test_shapes_triton_cannot_tile_are_a_clear_error_on_gpu():
   q, k, v, a, a_log, beta, s0 = _inputs(jnp.float32, seq=48, dk=16, dv=32)
   with config_lib.compiling_for("gpu"), pytest.raises(ValueError, match="gdn_chunk_size"):
     gated_deltanet.chunked_delta_rule(q, k, v, a, beta, s0, 8, "custom", "highest", "fused")
+
+
+def _decode_inputs(layers=3, rows=4, heads=4, dk=32, dv=64, seed=0):
+  """One token's q, k [rows, heads, dk], v [rows, heads, dv], g, beta [rows, heads] and a
+  stacked state [layers, rows, heads, dv, dk] (S transposed, as the cache holds it)."""
+  rng = np.random.default_rng(seed)
+  f = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
+  q, k = f(rows, heads, dk) * 0.2, f(rows, heads, dk) * 0.2
+  g, beta = -jnp.abs(f(rows, heads)), jax.nn.sigmoid(f(rows, heads))
+  return q, k, f(rows, heads, dv), g, beta, f(layers, rows, heads, dv, dk)
+
+
+def test_the_fused_decode_step_gives_the_recurrent_rules_values():
+  """`gdn_fused.recurrent_step` (model.gdn_decode=fused): each layer of a stacked state updated
+  in place (the others untouched) and an unstacked one, as `recurrent_delta_rule` one token."""
+  q, k, v, g, beta, states = _decode_inputs()
+  step = jax.jit(gdn_fused.recurrent_step)
+  for layer in (0, 2):
+    want_out, want_s = gated_deltanet.recurrent_delta_rule(
+        q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], states[layer])
+    out, new = step(q, k, v, g, beta, states, jnp.int32(layer))
+    np.testing.assert_allclose(out, want_out[:, 0], atol=1e-5 * float(jnp.abs(want_out).max()))
+    np.testing.assert_allclose(new[layer], want_s, atol=1e-5 * float(jnp.abs(want_s).max()))
+    others = [i for i in range(3) if i != layer]
+    np.testing.assert_array_equal(new[np.asarray(others)], states[np.asarray(others)])
+  out, new = step(q, k, v, g, beta, states[1])
+  want_out, want_s = gated_deltanet.recurrent_delta_rule(
+      q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], states[1])
+  np.testing.assert_allclose(out, want_out[:, 0], atol=1e-5 * float(jnp.abs(want_out).max()))
+  np.testing.assert_allclose(new, want_s, atol=1e-5 * float(jnp.abs(want_s).max()))
+
+
+def test_the_fused_decode_step_on_a_mesh_equals_one_device():
+  """On 8 CPU devices, rows split 2 ways and heads 2 ways (`jax.shard_map`), the values and the
+  updated stack are one device's."""
+  args = _decode_inputs(rows=4, heads=4)
+  one = jax.jit(gdn_fused.recurrent_step)(*args, jnp.int32(1))
+  c = base.get_config()
+  c.mesh.shape = (2, 2, 1, 2)
+  rules = sharding.rules_from_config(c.mesh.rules)
+  mesh = sharding.make_mesh(c.mesh)
+  place = lambda x, axes: jax.device_put(
+      x, NamedSharding(mesh, sharding.logical_to_spec(axes, rules, mesh, x.shape)))
+  axes = (("batch", "activation_heads", None),) * 3 + (("batch", "activation_heads"),) * 2 + (
+      (None, "batch", "activation_heads", None, None),)
+  with sharding.use_mesh(mesh, rules):
+    placed = [place(x, a) for x, a in zip(args, axes)]
+    assert placed[-1].sharding.shard_shape(args[-1].shape)[1:3] != args[-1].shape[1:3]
+    on_mesh = jax.jit(gdn_fused.recurrent_step)(*placed, jnp.int32(1))
+  for a, b in zip(on_mesh, one):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_a_model_decodes_with_the_fused_state_update_as_with_xla():
+  """Prefill then eight decode steps of the whole model (every layer's states stacked in the
+  decode scan's carry, each updated in place): the same logits and states either way."""
+  cfg = qwen3_5.config_from_dict(base.get_model_config())
+  params = qwen3_5.init_params(cfg, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (3, 20), 0, cfg.vocab_size)
+  lengths = jnp.asarray([12, 5, 9], jnp.int32)
+  prefill = jax.jit(qwen3_5.prefill, static_argnums=0, static_argnames=("max_len",))
+  step = jax.jit(qwen3_5.decode_step, static_argnums=0)
+  logits, caches = {}, {}
+  for mode in config_lib.GDN_DECODES:
+    c = cfg.replace(gdn_decode=mode)
+    _, cache = prefill(c, params, tokens[:, :12], lengths, max_len=40)
+    logits[mode] = []
+    for t in range(12, 20):
+      out, cache = step(c, params, cache, tokens[:, t])
+      logits[mode].append(out)
+    caches[mode] = cache
+  for a, b in zip(logits["fused"], logits["xla"]):
+    np.testing.assert_allclose(a, b, atol=1e-4)
+  for a, b in zip(jax.tree.leaves(caches["fused"]), jax.tree.leaves(caches["xla"])):
+    np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def test_the_fused_decode_step_names_its_setting_on_tpu_and_shapes_triton_cannot_tile():
+  q, k, v, g, beta, states = _decode_inputs(dk=24)
+  with config_lib.compiling_for("tpu"), pytest.raises(ValueError, match="gdn_decode=fused"):
+    gdn_fused.recurrent_step(q, k, v, g, beta, states, 0)
+  with config_lib.compiling_for("gpu"), pytest.raises(ValueError, match="linear_key_head_dim"):
+    gdn_fused.recurrent_step(q, k, v, g, beta, states, 0)

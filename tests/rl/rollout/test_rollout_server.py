@@ -249,8 +249,9 @@ def test_engine_on_a_mesh_from_config_serves_the_models_greedy_tokens(config, mo
   keeps whole rows: its slots split over the batch axes, fsdp included. With
   `rollout.whole_weights` no weight's embed dimension is split (the routed experts stay split
   over `expert`). With the GPU kernels (Pallas' interpreter here: `moe_dispatch=blocked_fused`,
-  its decode reading every layer's stacked experts, and `decode_attention=fused`), each run per
-  device in its shard_map."""
+  its decode reading every layer's stacked experts, `decode_attention=fused` and
+  `gdn_decode=fused`, each state updated in place in the stack), each run per device in its
+  shard_map."""
   cfg, old = model
   c = config.copy_and_resolve_references()
   with c.unlocked():
@@ -260,6 +261,7 @@ def test_engine_on_a_mesh_from_config_serves_the_models_greedy_tokens(config, mo
     c.rollout.whole_weights = layout == "whole_weights"
     if layout == "gpu_kernels":
       c.model.moe_dispatch, c.model.decode_attention = "blocked_fused", "fused"
+      c.model.gdn_decode = "fused"
   s = serve.build_server(c, params=old, port=0, warmup=False)
   client = TokenClient(s.address, timeout_s=120)
   try:
