@@ -458,11 +458,20 @@ def _continue(cfg: ModelConfig, params, cache, tokens, lengths, mode: str):
   return logits_from_hidden(cfg, params, last), {"pos": pos, "blocks": blocks}
 
 
-def decode_step(cfg: ModelConfig, params, cache, tokens):
-  """Appends one token per row. tokens [batch] int32 -> (logits [batch, vocab] f32, cache)."""
+def decode_step(cfg: ModelConfig, params, cache, tokens, live=None):
+  """Appends one token per row. tokens [batch] int32 -> (logits [batch, vocab] f32, cache).
+
+  live: optional [batch] bool. A row where it is False keeps its Gated DeltaNet states (conv
+  and S) exactly as they were: its step neither decays nor writes them, as a padded position
+  of a prefill does. Its key and value are still written at its `pos`, past its tokens, and
+  `pos` still advances (the caller keeps what it needs). Masking inside the layer costs
+  nothing, where selecting old or new states after the step keeps the old stacks alive through
+  it: XLA then copies every stacked state before the step and reads both after it."""
   pos = cache["pos"]
   x = jnp.take(params["embed"], tokens[:, None], axis=0).astype(cfg.jnp_dtype)
-  x, _, blocks = _run_layers(cfg, params, x, pos[:, None], cache=cache, mode="decode")
+  lengths = None if live is None else live.astype(jnp.int32)
+  x, _, blocks = _run_layers(cfg, params, x, pos[:, None], cache=cache, lengths=lengths,
+                             mode="decode")
   x = norm.rms_norm(x[:, 0], params["final_norm"], cfg.rms_norm_eps)
   return logits_from_hidden(cfg, params, x), {"pos": pos + 1, "blocks": blocks}
 

@@ -223,25 +223,20 @@ class EnginePrograms:
         state["key"], state["step"]))
     tokens, logprobs = sampling.sample(state["logits"], state["temperature"], state["top_k"],
                                        state["top_p"], keys)
-    logits, cache = qwen3_5.decode_step(self.cfg, params, state["cache"], tokens)
+    # A slot stops changing once its request has sampled (and fed) a stop id or its last
+    # token: what the turn cache keeps is then exactly the conversation's state. The keys and
+    # values a finished slot writes land at its `pos`, past its tokens, and are overwritten by
+    # whatever comes next; its recurrent states are held by the step itself (`live`: neither
+    # decayed nor written) and its `pos` here.
+    live = ~state["done"] if self.hold_finished else None
+    logits, cache = qwen3_5.decode_step(self.cfg, params, state["cache"], tokens, live=live)
     step = state["step"] + 1
     new_state = dict(state, cache=cache, logits=logits, step=step)
     if self.hold_finished:
-      live = ~state["done"]
       # A live slot served by other weights than its prefix was computed with holds a mixed
       # state, which no next turn may continue from.
       new_state["version"] = jnp.where(live & (state["version"] != version), -1, state["version"])
-      # A slot stops changing once its request has sampled (and fed) a stop id or its last
-      # token: what the turn cache keeps is then exactly the conversation's state. The keys
-      # and values a finished slot writes land at its `pos`, past its tokens, and are
-      # overwritten by whatever comes next; only the recurrent state and `pos` must hold.
-      def hold(new, old):
-        shape = (1, live.shape[0]) + (1,) * (new.ndim - 2)
-        return jnp.where(live.reshape(shape), new, old)
-      blocks = tuple({k: (v if k in ("k", "v") else hold(v, old[k])) for k, v in b.items()}
-                     for b, old in zip(cache["blocks"], state["cache"]["blocks"]))
-      new_state["cache"] = {"pos": jnp.where(live, cache["pos"], state["cache"]["pos"]),
-                            "blocks": blocks}
+      new_state["cache"] = dict(cache, pos=jnp.where(live, cache["pos"], state["cache"]["pos"]))
       finished = (tokens[:, None] == state["stop"]).any(axis=1) | (step >= state["budget"])
       new_state["done"] = state["done"] | finished
     data = jnp.stack([tokens, jnp.ones_like(tokens), step], axis=1)  # token, valid, length

@@ -60,6 +60,28 @@ def test_prefill_then_decode_reproduces_full_forward(model):
   assert cache["pos"].tolist() == [80, 80]
 
 
+@pytest.mark.parametrize("gdn_decode", ["xla", "fused"])
+def test_a_decode_step_keeps_the_recurrent_states_of_rows_that_are_not_live(model, gdn_decode):
+  """decode_step(live=...): a row that is not live keeps its Gated DeltaNet states (conv and S)
+  bit for bit; a live row's step is the unmasked step's."""
+  cfg, params = model
+  cfg = cfg.replace(gdn_decode=gdn_decode)
+  tokens = jnp.asarray(np.random.default_rng(2).integers(0, cfg.vocab_size, (3, 9)), jnp.int32)
+  _, cache = _prefill(cfg, params, tokens[:, :8], jnp.full((3,), 8, jnp.int32), max_len=16)
+  step = jax.jit(qwen3_5.decode_step, static_argnums=0)
+  live = jnp.asarray([True, False, True])
+  logits, held = step(cfg, params, cache, tokens[:, 8], live)
+  want_logits, moved = step(cfg, params, cache, tokens[:, 8])
+  np.testing.assert_allclose(logits[live], want_logits[live], atol=1e-6)
+  recurrent = [(b, k) for b, blk in enumerate(cache["blocks"]) for k in blk if k in ("conv", "ssm")]
+  assert recurrent
+  for b, k in recurrent:
+    old, new, unmasked = (c["blocks"][b][k] for c in (cache, held, moved))
+    np.testing.assert_array_equal(new[:, 1], old[:, 1])             # [cycles, rows, ...]
+    assert not np.array_equal(unmasked[:, 1], old[:, 1])
+    np.testing.assert_allclose(new[:, ::2], unmasked[:, ::2], atol=1e-6)
+
+
 def test_right_padded_batch_rows_match_their_runs_alone(model):
   cfg, params = model
   rng = np.random.default_rng(1)
