@@ -10,10 +10,10 @@ from jax.sharding import NamedSharding
 from configs import base
 from models import aot
 from models import config as config_lib
-from models import qwen3_5
 from models import sharding
 from models.layers import attention
 from models.layers import decode_fused
+from tests.models import kernel_checks
 
 TRITON = "__gpu$xla.gpu.triton"
 
@@ -57,12 +57,7 @@ def test_the_fused_decode_on_a_mesh_equals_one_device():
   q, cache, new = _inputs(jnp.float32, rows=4, heads=8)
   pos = jnp.asarray([3, 300, 0, 130], jnp.int32)
   one = jax.jit(decode_fused.attend)(q, cache, new, pos, jnp.int32(1))
-  c = base.get_config()
-  c.mesh.shape = (2, 2, 1, 2)
-  rules = sharding.rules_from_config(c.mesh.rules)
-  mesh = sharding.make_mesh(c.mesh)
-  place = lambda x, axes: jax.device_put(
-      x, NamedSharding(mesh, sharding.logical_to_spec(axes, rules, mesh, x.shape)))
+  mesh, rules, place = kernel_checks.mesh_2x2x1x2()
   with sharding.use_mesh(mesh, rules):
     kv_axes = ("layers", "batch", "activation_length", "kv_heads", "head_dim")
     placed = (place(q, ("batch", "activation_heads", None)),
@@ -76,21 +71,8 @@ def test_the_fused_decode_on_a_mesh_equals_one_device():
 
 def test_a_model_decodes_with_the_fused_kernel_as_with_xla():
   """Prefill then eight decode steps of the whole model: the same logits either way."""
-  cfg = qwen3_5.config_from_dict(base.get_model_config())
-  params = qwen3_5.init_params(cfg, jax.random.key(0))
-  tokens = jax.random.randint(jax.random.key(1), (3, 20), 0, cfg.vocab_size)
-  lengths = jnp.asarray([12, 5, 9], jnp.int32)
-  prefill = jax.jit(qwen3_5.prefill, static_argnums=0, static_argnames=("max_len",))
-  step = jax.jit(qwen3_5.decode_step, static_argnums=0)
-  logits = {}
-  for mode in config_lib.DECODE_ATTENTIONS:
-    c = cfg.replace(decode_attention=mode)
-    _, cache = prefill(c, params, tokens[:, :12], lengths, max_len=40)
-    logits[mode] = [step(c, params, cache, tokens[:, 12])[0]]
-    for t in range(13, 20):
-      out, cache = step(c, params, cache, tokens[:, t])
-      logits[mode].append(out)
-  for a, b in zip(logits["fused"], logits["xla"]):
+  runs = kernel_checks.decode_each_way("decode_attention", config_lib.DECODE_ATTENTIONS)
+  for a, b in zip(runs["fused"][0], runs["xla"][0]):
     np.testing.assert_allclose(a, b, atol=1e-4)
 
 

@@ -15,6 +15,7 @@ from models import sharding
 from models.layers import gated_deltanet
 from models.layers import gdn_fused
 
+from tests.models import kernel_checks
 from tests.models.layers.test_gated_deltanet import _assert_rules_agree, _inputs
 
 TRITON = "__gpu$xla.gpu.triton"
@@ -51,14 +52,10 @@ def test_the_fused_walk_on_a_mesh_equals_one_device():
   partition a Pallas kernel), the values and gradients are one device's."""
   grad, args = _grads("fused", batch=4, heads=4, seq=70)
   one = grad(args)
-  c = base.get_config()
-  c.mesh.shape = (2, 2, 1, 2)
-  rules = sharding.rules_from_config(c.mesh.rules)
-  mesh = sharding.make_mesh(c.mesh)
+  mesh, rules, place = kernel_checks.mesh_2x2x1x2()
   with sharding.use_mesh(mesh, rules):
-    placed = tuple(jax.device_put(x, NamedSharding(mesh, sharding.logical_to_spec(
-        ("batch", None, "activation_heads") if x.ndim > 2 else ("batch",), rules, mesh,
-        x.shape))) for x in args[:5]) + (args[5],)
+    placed = tuple(place(x, ("batch", None, "activation_heads") if x.ndim > 2 else ("batch",))
+                   for x in args[:5]) + (args[5],)
     on_mesh = grad(placed)
   _assert_rules_agree(on_mesh, one, 1e-5)
 
@@ -157,12 +154,7 @@ def test_the_fused_decode_step_on_a_mesh_equals_one_device():
   updated stack are one device's."""
   args = _decode_inputs(rows=4, heads=4)
   one = jax.jit(gdn_fused.recurrent_step)(*args, jnp.int32(1))
-  c = base.get_config()
-  c.mesh.shape = (2, 2, 1, 2)
-  rules = sharding.rules_from_config(c.mesh.rules)
-  mesh = sharding.make_mesh(c.mesh)
-  place = lambda x, axes: jax.device_put(
-      x, NamedSharding(mesh, sharding.logical_to_spec(axes, rules, mesh, x.shape)))
+  mesh, rules, place = kernel_checks.mesh_2x2x1x2()
   axes = (("batch", "activation_heads", None),) * 3 + (("batch", "activation_heads"),) * 2 + (
       (None, "batch", "activation_heads", None, None),)
   with sharding.use_mesh(mesh, rules):
@@ -176,24 +168,11 @@ def test_the_fused_decode_step_on_a_mesh_equals_one_device():
 def test_a_model_decodes_with_the_fused_state_update_as_with_xla():
   """Prefill then eight decode steps of the whole model (every layer's states stacked in the
   decode scan's carry, each updated in place): the same logits and states either way."""
-  cfg = qwen3_5.config_from_dict(base.get_model_config())
-  params = qwen3_5.init_params(cfg, jax.random.key(0))
-  tokens = jax.random.randint(jax.random.key(1), (3, 20), 0, cfg.vocab_size)
-  lengths = jnp.asarray([12, 5, 9], jnp.int32)
-  prefill = jax.jit(qwen3_5.prefill, static_argnums=0, static_argnames=("max_len",))
-  step = jax.jit(qwen3_5.decode_step, static_argnums=0)
-  logits, caches = {}, {}
-  for mode in config_lib.GDN_DECODES:
-    c = cfg.replace(gdn_decode=mode)
-    _, cache = prefill(c, params, tokens[:, :12], lengths, max_len=40)
-    logits[mode] = []
-    for t in range(12, 20):
-      out, cache = step(c, params, cache, tokens[:, t])
-      logits[mode].append(out)
-    caches[mode] = cache
-  for a, b in zip(logits["fused"], logits["xla"]):
+  runs = kernel_checks.decode_each_way("gdn_decode", config_lib.GDN_DECODES)
+  (logits, cache), (want_logits, want_cache) = runs["fused"], runs["xla"]
+  for a, b in zip(logits, want_logits):
     np.testing.assert_allclose(a, b, atol=1e-4)
-  for a, b in zip(jax.tree.leaves(caches["fused"]), jax.tree.leaves(caches["xla"])):
+  for a, b in zip(jax.tree.leaves(cache), jax.tree.leaves(want_cache)):
     np.testing.assert_allclose(a, b, atol=1e-4)
 
 
