@@ -4,6 +4,7 @@ decode against the HBM roofline, on one GPU, for a ~1B-parameter MoE (~1/8 of it
 
   benchmarks/accelerator.sh                      # on a machine with an NVIDIA GPU
   benchmarks/accelerator.sh --size=a3b_slice     # the 35B-A3B slice (at most 300 s a part)
+  benchmarks/accelerator.sh --versus=model.gdn_decode=fused   # each part again with a setting
   ACCEL_SMOKE=1 benchmarks/accelerator.sh        # tiny config on the CPU: the script's logic
 
 Runs benchmarks/model_step.py (bfloat16, no torch), benchmarks/train_step.py and
@@ -213,6 +214,9 @@ def parse_args(argv=None):
                   help="a model config setting for every part (repeatable) that changes no "
                   "shape (the FLOPs and parameter counts are the size's), e.g. "
                   "model.gdn_scan=fused")
+  ap.add_argument("--versus", action="append", default=[], metavar="model.KEY=VALUE",
+                  help="also run every part with this setting on top (repeatable), and report "
+                  "each part's speed with it over without, e.g. model.gdn_decode=fused")
   ap.add_argument("--decode_prompt_len", type=int, default=0,
                   help="decode's prompt length (0 = the size's: 256 for 1b); a long one, e.g. "
                   "8192, is where model.decode_attention=fused reads less than xla")
@@ -229,12 +233,92 @@ def _model_setting(text: str) -> tuple:
   return key[len("model."):], value
 
 
+def _run_parts(ctx: dict, over: dict, suffix: str = "") -> tuple:
+  """The model step, train step and decode benchmarks with the model fields `over`:
+  ({"model_step", "train_step", "decode"}: each child's figures with MFU or the roofline share
+  added, the model step's command); the children's logs are named with `suffix`."""
+  py, dtype, run, fields, cfg = (ctx[k] for k in ("py", "dtype", "run", "fields", "cfg"))
+  figures, timeout, env, out_dir = (ctx[k] for k in ("figures", "timeout", "env", "out_dir"))
+  run_child, result = ctx["run_child"], {}
+
+  # Model step: forward + backward of the jitted model.
+  step_cmd = [py, os.path.join(HERE, "model_step.py"), "--no_torch", f"--dtype={dtype}",
+              "--compile_layers=", f"--batch={run['step_batch']}", f"--seq={run['step_seq']}"
+              ] + [f"--{k}={v}" for k, v in step_flags(fields).items()] + [
+                  f"--set=model.{k}={v}" for k, v in over.items()]
+  ms, secs = run_child("model_step" + suffix, step_cmd + ["--iters=5"], timeout, env, out_dir)
+  result["model_step"] = dict(ms, wall_s=secs)
+  if "jax_tokens_per_s" in ms and figures:
+    fpt = flops_per_token(cfg, run["step_seq"])
+    result["model_step"]["mfu"] = fpt * ms["jax_tokens_per_s"] / figures[0]
+
+  # Train step: the GRPO step on a synthetic batch; MFU from the config's FLOPs.
+  cmd = [py, os.path.join(HERE, "train_step.py"), "--config=configs/tiny_cpu.py", "--steps=3",
+         f"--config.train.prompts_per_step={run['prompts']}",
+         f"--config.train.samples_per_prompt={run['samples']}",
+         f"--config.train.seq_len={run['train_seq']}",
+         f"--config.train.max_context={run['train_seq']}",
+         f"--config.train.micro_batches={run['micro']}",
+         # Every weight trains, as a GPU run's recipe does: tiny_cpu.py trains the output
+         # norm alone, whose step skips every other weight's optimizer update (the gradient
+         # matmuls run either way: the compiled FLOPs of the two differ by ~1.5%).
+         "--config.optim.trainable="]
+  cmd += [f"--config.model.{k}={v}" for k, v in over.items()]
+  ts, secs = run_child("train_step" + suffix, cmd, timeout, env, out_dir)
+  result["train_step"] = dict(ts, wall_s=secs)
+  if "tokens_per_s" in ts and figures:
+    fpt = flops_per_token(cfg, run["train_seq"])
+    result["train_step"]["flops_per_token"] = fpt
+    result["train_step"]["mfu"] = fpt * ts["tokens_per_s"] / figures[0]
+
+  # Decode: engine tokens/s against the HBM roofline.
+  cmd = [py, os.path.join(HERE, "decode.py"), "--skip_hf", f"--dtype={dtype}",
+         f"--prompt_len={run['prompt_len']}", f"--tokens={run['decode_tokens']}",
+         "--concurrency=" + ",".join(str(c) for c in run["concurrency"])]
+  cmd += [f"--set=model.{k}={v}" for k, v in over.items()]
+  dec, secs = run_child("decode" + suffix, cmd, 2 * timeout, env, out_dir)
+  result["decode"] = dict(dec, wall_s=secs)
+  if "engine_tokens_per_s" in dec and figures:
+    context = run["prompt_len"] + run["decode_tokens"] / 2   # mean tokens cached per step
+    wb = 2 if dtype == "bfloat16" else 4
+    roof = {}
+    pipelined = dec.get("engine_pipelined_tokens_per_s", {})
+    for c, tps in dec["engine_tokens_per_s"].items():
+      r = roofline_tokens_per_s(cfg, int(c), context, figures[1], weight_bytes=wb,
+                                cache_bytes=wb)
+      roof[c] = {"tokens_per_s": tps, "roofline_tokens_per_s": r, "of_roofline": tps / r}
+      if c in pipelined:
+        roof[c].update(pipelined_tokens_per_s=pipelined[c],
+                       pipelined_of_roofline=pipelined[c] / r)
+    result["decode"]["roofline"] = roof
+  return result, step_cmd
+
+
+def _ratios(base: dict, other: dict) -> dict:
+  """Each part's tokens/s with the `--versus` settings over without (None where either failed);
+  decode per concurrency, each step's tokens on the host and with one step in flight."""
+  ratio = lambda a, b: b / a if a and b else None
+  dec = lambda r, key: r.get(key, {})
+  return {
+      "model_step": ratio(base["model_step"].get("jax_tokens_per_s"),
+                          other["model_step"].get("jax_tokens_per_s")),
+      "train_step": ratio(base["train_step"].get("tokens_per_s"),
+                          other["train_step"].get("tokens_per_s")),
+      "decode": {c: ratio(t, dec(other["decode"], "engine_tokens_per_s").get(c))
+                 for c, t in dec(base["decode"], "engine_tokens_per_s").items()},
+      "decode_pipelined": {
+          c: ratio(t, dec(other["decode"], "engine_pipelined_tokens_per_s").get(c))
+          for c, t in dec(base["decode"], "engine_pipelined_tokens_per_s").items()},
+  }
+
+
 def main(argv=None, run_child=None):
   """The benchmark; `run_child(name, cmd, timeout, env, log_dir)` runs one child (default
   `_run`: a subprocess; a test passes a stand-in to check this process alone)."""
   args = parse_args(argv)
   run_child = run_child or _run
   settings = dict(_model_setting(s) for s in args.set)
+  versus = dict(_model_setting(s) for s in args.versus)
   size_name = "smoke" if args.smoke else args.size
   size, run = SIZES[size_name], dict(RUNS[size_name])
   timeout = args.timeout or run["timeout"]
@@ -268,59 +352,16 @@ def main(argv=None, run_child=None):
             "peak_flops": figures[0] if figures else None,
             "hbm_bytes_per_s": figures[1] if figures else None, "settings": settings,
             "decode_prompt_len": run["prompt_len"]}
-  py = sys.executable
-  over = {**fields, **settings}
-
-  # Model step: forward + backward of the jitted model.
-  step_cmd = [py, os.path.join(HERE, "model_step.py"), "--no_torch", f"--dtype={dtype}",
-              "--compile_layers=", f"--batch={run['step_batch']}", f"--seq={run['step_seq']}"
-              ] + [f"--{k}={v}" for k, v in step_flags(fields).items()] + [
-                  f"--set=model.{k}={v}" for k, v in over.items()]
-  ms, secs = run_child("model_step", step_cmd + ["--iters=5"], timeout, env, out_dir)
-  result["model_step"] = dict(ms, wall_s=secs)
-  if "jax_tokens_per_s" in ms and figures:
-    fpt = flops_per_token(cfg, run["step_seq"])
-    result["model_step"]["mfu"] = fpt * ms["jax_tokens_per_s"] / figures[0]
-
-  # Train step: the GRPO step on a synthetic batch; MFU from the config's FLOPs.
-  cmd = [py, os.path.join(HERE, "train_step.py"), "--config=configs/tiny_cpu.py", "--steps=3",
-         f"--config.train.prompts_per_step={run['prompts']}",
-         f"--config.train.samples_per_prompt={run['samples']}",
-         f"--config.train.seq_len={run['train_seq']}",
-         f"--config.train.max_context={run['train_seq']}",
-         f"--config.train.micro_batches={run['micro']}",
-         # Every weight trains, as a GPU run's recipe does: tiny_cpu.py trains the output
-         # norm alone, whose step skips every other weight's optimizer update (the gradient
-         # matmuls run either way: the compiled FLOPs of the two differ by ~1.5%).
-         "--config.optim.trainable="]
-  cmd += [f"--config.model.{k}={v}" for k, v in over.items()]
-  ts, secs = run_child("train_step", cmd, timeout, env, out_dir)
-  result["train_step"] = dict(ts, wall_s=secs)
-  if "tokens_per_s" in ts and figures:
-    fpt = flops_per_token(cfg, run["train_seq"])
-    result["train_step"]["flops_per_token"] = fpt
-    result["train_step"]["mfu"] = fpt * ts["tokens_per_s"] / figures[0]
-
-  # Decode: engine tokens/s against the HBM roofline.
-  cmd = [py, os.path.join(HERE, "decode.py"), "--skip_hf", f"--dtype={dtype}",
-         f"--prompt_len={run['prompt_len']}", f"--tokens={run['decode_tokens']}",
-         "--concurrency=" + ",".join(str(c) for c in run["concurrency"])]
-  cmd += [f"--set=model.{k}={v}" for k, v in over.items()]
-  dec, secs = run_child("decode", cmd, 2 * timeout, env, out_dir)
-  result["decode"] = dict(dec, wall_s=secs)
-  if "engine_tokens_per_s" in dec and figures:
-    context = run["prompt_len"] + run["decode_tokens"] / 2   # mean tokens cached per step
-    wb = 2 if dtype == "bfloat16" else 4
-    roof = {}
-    pipelined = dec.get("engine_pipelined_tokens_per_s", {})
-    for c, tps in dec["engine_tokens_per_s"].items():
-      r = roofline_tokens_per_s(cfg, int(c), context, figures[1], weight_bytes=wb,
-                                cache_bytes=wb)
-      roof[c] = {"tokens_per_s": tps, "roofline_tokens_per_s": r, "of_roofline": tps / r}
-      if c in pipelined:
-        roof[c].update(pipelined_tokens_per_s=pipelined[c],
-                       pipelined_of_roofline=pipelined[c] / r)
-    result["decode"]["roofline"] = roof
+  ctx = dict(py=sys.executable, dtype=dtype, run=run, fields=fields, cfg=cfg, figures=figures,
+             timeout=timeout, env=env, out_dir=out_dir, run_child=run_child)
+  parts, step_cmd = _run_parts(ctx, {**fields, **settings})
+  result.update(parts)
+  if versus:
+    # The same three parts again with the `--versus` settings on top, on the same machine in
+    # the same run: their ratios to the parts above are the comparison.
+    other, _ = _run_parts(ctx, {**fields, **settings, **versus}, suffix="_versus")
+    result["versus"] = dict(other, settings=versus, ratios=_ratios(parts, other))
+    print(f"versus {versus}: " + json.dumps(result["versus"]["ratios"]))
 
   if args.breakdown:
     # Where the model step's time goes: each component jitted alone (model_step --breakdown).
@@ -338,6 +379,8 @@ def main(argv=None, run_child=None):
   print(json.dumps(result))
   print(f"wrote {path}")
   failed = [k for k in ("model_step", "train_step", "decode") if "error" in result[k]]
+  failed += [f"{k} (versus)" for k in ("model_step", "train_step", "decode")
+             if "error" in result.get("versus", {}).get(k, {})]
   if failed:
     print(f"failed: {', '.join(failed)} (logs in {out_dir})")
     sys.exit(1)

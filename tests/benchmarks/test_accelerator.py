@@ -31,10 +31,11 @@ from models import qwen3_5
 calls, timeouts = {}, {}
 def child(name, cmd, timeout, env, log_dir):
   calls[name], timeouts[name] = cmd, timeout
-  return {"model_step": {"jax_tokens_per_s": 1e4, "peak_bytes_in_use": 5 * 2**30},
-          "train_step": {"tokens_per_s": 1e4, "peak_bytes_in_use": 7 * 2**30},
-          "decode": {"engine_tokens_per_s": {"8": 1e3, "32": 3e3},
-                     "peak_bytes_in_use": None}}[name], 1.0
+  x = 2.0 if name.endswith("_versus") else 1.0      # --versus' runs: twice the tokens/s
+  return {"model_step": {"jax_tokens_per_s": 1e4 * x, "peak_bytes_in_use": 5 * 2**30},
+          "train_step": {"tokens_per_s": 1e4 * x, "peak_bytes_in_use": 7 * 2**30},
+          "decode": {"engine_tokens_per_s": {"8": 1e3 * x, "32": 3e3 * x},
+                     "peak_bytes_in_use": None}}[name.replace("_versus", "")], 1.0
 counts = qwen3_5.count_params(accelerator.model_config(accelerator.SIZES["1b"]))
 result = accelerator.main(sys.argv[2:], run_child=child)
 json.dump({"result": result, "calls": calls, "timeouts": timeouts, "counts": counts},
@@ -250,3 +251,23 @@ def test_the_a3b_slice_is_one_layer_cycle_of_35b_a3b_at_its_widths(tmp_path):
   assert "--set=model.num_experts=256" in calls["decode"]
   assert got["timeouts"] == {"model_step": 300, "train_step": 300, "decode": 600}
   assert _parent(tmp_path, "--gpu_name=NVIDIA H200")["timeouts"]["model_step"] == 100
+
+
+def test_versus_runs_every_part_again_with_its_settings_and_reports_the_ratios(tmp_path):
+  """--versus=model.KEY=VALUE: each part runs twice in the same run, the second time with the
+  setting on top of --set's; the JSON holds both and each part's tokens/s ratio (here the
+  stand-in children report twice the tokens/s with it)."""
+  got = _parent(tmp_path, "--gpu_name=NVIDIA H200", "--set=model.gdn_scan=fused",
+                "--versus=model.gdn_decode=fused")
+  calls, result = got["calls"], got["result"]
+  for part in ("model_step", "train_step", "decode"):
+    flag = "--config.model.gdn_decode=fused" if part == "train_step" else "--set=model.gdn_decode=fused"
+    assert flag not in calls[part] and flag in calls[part + "_versus"]
+    keep = flag.replace("gdn_decode", "gdn_scan")
+    assert keep in calls[part] and keep in calls[part + "_versus"]
+  versus = result["versus"]
+  assert versus["settings"] == {"gdn_decode": "fused"}
+  assert versus["ratios"]["model_step"] == versus["ratios"]["train_step"] == 2.0
+  assert versus["ratios"]["decode"] == {"8": 2.0, "32": 2.0}
+  assert versus["train_step"]["mfu"] == pytest.approx(2 * result["train_step"]["mfu"])
+  assert "versus" not in _parent(tmp_path, "--gpu_name=NVIDIA H200")["result"]
