@@ -39,6 +39,14 @@ def triton_interpret(setting: str, on_tpu: str) -> bool:
   return platform not in ("gpu", "cuda", "rocm")
 
 
+def check_triton_dims(setting: str, dims) -> None:
+  """Triton's blocks and dots take powers of two of at least 16 on every side: for each
+  (name, size) of `dims`, an error naming `setting` and the first size that is not one."""
+  for name, n in dims:
+    if n < 16 or n & (n - 1):
+      raise ValueError(f"model.{setting} on GPU needs {name} a power of two >= 16, got {n}")
+
+
 def kernel_mesh():
   """(mesh, rules) a Pallas kernel must run under per device (`jax.shard_map`: XLA does not
   partition a Pallas kernel), or None where it runs as it is: no mesh, one device, or already

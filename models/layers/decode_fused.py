@@ -147,12 +147,6 @@ def _attend_local(q, k_cache, v_cache, own_k, own_v, pos, layer, interpret: bool
   return (acc / denom[..., None]).reshape(b, nh, hd)
 
 
-def _check_triton_shapes(head_dim: int) -> None:
-  if head_dim < 16 or head_dim & (head_dim - 1):
-    raise ValueError("model.decode_attention=fused on GPU needs head_dim a power of two >= 16, "
-                     f"got {head_dim}")
-
-
 def attend(q, cache, new, pos, layer=None):
   """Softmax attention of one query per row over its cached keys [0, pos) and its own key.
 
@@ -167,7 +161,7 @@ def attend(q, cache, new, pos, layer=None):
   """
   interpret = common.triton_interpret("decode_attention=fused", "xla")
   if not interpret:
-    _check_triton_shapes(q.shape[-1])
+    common.check_triton_dims("decode_attention=fused", (("head_dim", q.shape[-1]),))
   k_cache, v_cache = cache["k"], cache["v"]
   if layer is None:
     k_cache, v_cache, layer = k_cache[None], v_cache[None], 0

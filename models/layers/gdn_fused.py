@@ -148,14 +148,6 @@ def _walk_local(u, w, k, decay, state, precision, interpret: bool):
           final.reshape(state.shape))
 
 
-def _check_triton_shapes(chunk: int, dk: int, dv: int) -> None:
-  """Triton's blocks and dots take powers of two of at least 16 on every side."""
-  for name, n in (("gdn_chunk_size", chunk), ("linear_key_head_dim", dk),
-                  ("the value block, min(BLOCK_V, linear_value_head_dim)", min(BLOCK_V, dv))):
-    if n < 16 or n & (n - 1):
-      raise ValueError(f"model.gdn_scan=fused on GPU needs {name} a power of two >= 16, got {n}")
-
-
 def walk(u, w, k, decay, state, precision: str = "highest"):
   """The states' recurrence over the chunks (module docstring), one kernel a pass.
 
@@ -169,7 +161,9 @@ def walk(u, w, k, decay, state, precision: str = "highest"):
   """
   interpret = common.triton_interpret("gdn_scan=fused", "outputs or states")
   if not interpret:
-    _check_triton_shapes(chunk=u.shape[3], dk=w.shape[4], dv=u.shape[4])
+    common.check_triton_dims("gdn_scan=fused", (
+        ("gdn_chunk_size", u.shape[3]), ("linear_key_head_dim", w.shape[4]),
+        ("the value block, min(BLOCK_V, linear_value_head_dim)", min(BLOCK_V, u.shape[4]))))
   local = functools.partial(_walk_local, precision=jax.lax.Precision(precision),
                             interpret=interpret)
   on_mesh = common.kernel_mesh()
@@ -240,12 +234,9 @@ def recurrent_step(q, k, v, g, beta, state, layer=None):
   interpret = common.triton_interpret("gdn_decode=fused", "xla")
   dv, dk = state.shape[-2:]
   if not interpret:
-    for name, n in (("linear_key_head_dim", dk),
-                    ("the value block, min(DECODE_BLOCK_V, linear_value_head_dim)",
-                     min(DECODE_BLOCK_V, dv))):
-      if n < 16 or n & (n - 1):
-        raise ValueError(f"model.gdn_decode=fused on GPU needs {name} a power of two >= 16, "
-                         f"got {n}")
+    common.check_triton_dims("gdn_decode=fused", (
+        ("linear_key_head_dim", dk),
+        ("the value block, min(DECODE_BLOCK_V, linear_value_head_dim)", min(DECODE_BLOCK_V, dv))))
   stacked = layer is not None
   if not stacked:
     state, layer = state[None], 0

@@ -84,12 +84,13 @@ def _kernel(layer_ref, expert_ref, used_ref, x_ref, w_ref, o_ref, *, tile_in: in
   o_ref[...] = acc.astype(o_ref.dtype)
 
 
-def _tiles(d_in: int, d_out: int, interpret: bool, what: str) -> tuple[int, int]:
+def _tiles(d_in: int, d_out: int, interpret: bool) -> tuple[int, int]:
   """(tile of d_in, tile of d_out); on GPU an error unless both are at least Triton's 16."""
   tile_in, tile_out = _tile(d_in, TILE_IN), _tile(d_out, TILE_OUT)
   if not interpret and min(tile_in, tile_out) < 16:
     raise ValueError("model.moe_dispatch=blocked_fused on GPU needs hidden_size and "
-                     f"moe_intermediate_size multiples of 16, got {d_in} and {d_out} ({what})")
+                     f"moe_intermediate_size multiples of 16, got {d_in} and {d_out} (the matrix's d_in, "
+                     "d_out)")
   return tile_in, tile_out
 
 
@@ -117,7 +118,7 @@ def block_matmul(xs, w, block_expert, used_blocks=None, layer=None, transpose=Fa
     w, layer = w[None], 0
   blocks, rows, d_in = xs.shape
   d_out = w.shape[-2] if transpose else w.shape[-1]
-  tile_in, tile_out = _tiles(d_in, d_out, interpret, "the matrix's d_in, d_out")
+  tile_in, tile_out = _tiles(d_in, d_out, interpret)
   padded = rows if rows == 1 else max(TRITON_ROWS, rows)
   kernel = functools.partial(_kernel, tile_in=tile_in, tile_out=tile_out, d_in=d_in,
                              transpose=transpose)
@@ -167,7 +168,7 @@ def expert_weight_grads(xs, dy, block_expert, num_experts: int, used_blocks=None
   interpret = common.triton_interpret("moe_dispatch=blocked_fused", "gmm or blocked")
   _, rows, d_in = xs.shape
   d_out = dy.shape[-1]
-  tile_in, tile_out = _tiles(d_in, d_out, interpret, "the matrix's d_in, d_out")
+  tile_in, tile_out = _tiles(d_in, d_out, interpret)
   padded = max(TRITON_ROWS, rows)
   starts, ends = expert_block_ranges(block_expert.astype(jnp.int32), num_experts, used_blocks)
   kernel = functools.partial(_wgrad_kernel, tile_in=tile_in, tile_out=tile_out)
