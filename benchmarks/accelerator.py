@@ -213,10 +213,12 @@ def parse_args(argv=None):
   ap.add_argument("--set", action="append", default=[], metavar="model.KEY=VALUE",
                   help="a model config setting for every part (repeatable) that changes no "
                   "shape (the FLOPs and parameter counts are the size's), e.g. "
-                  "model.gdn_scan=fused")
+                  "model.gdn_scan=fused; or rollout.KEY=VALUE, the engine's, for decode alone "
+                  "(e.g. rollout.scan_layers=False)")
   ap.add_argument("--versus", action="append", default=[], metavar="model.KEY=VALUE",
                   help="also run every part with this setting on top (repeatable), and report "
-                  "each part's speed with it over without, e.g. model.gdn_decode=fused")
+                  "each part's speed with it over without, e.g. model.gdn_decode=fused "
+                  "(rollout.KEY=VALUE: decode alone)")
   ap.add_argument("--decode_prompt_len", type=int, default=0,
                   help="decode's prompt length (0 = the size's: 256 for 1b); a long one, e.g. "
                   "8192, is where model.decode_attention=fused reads less than xla")
@@ -225,21 +227,27 @@ def parse_args(argv=None):
   return ap.parse_args(argv)
 
 
-def _model_setting(text: str) -> tuple:
-  """--set's "model.KEY=VALUE" as (KEY, VALUE)."""
+def _setting(text: str) -> tuple:
+  """--set's "model.KEY=VALUE" as (KEY, VALUE), "rollout.KEY=VALUE" (the engine's: decode
+  alone) as ("rollout.KEY", VALUE)."""
   key, sep, value = text.partition("=")
-  if not sep or not key.startswith("model.") or len(key) == len("model."):
-    raise SystemExit(f"accelerator.py: --set takes model.KEY=VALUE, got {text!r}")
-  return key[len("model."):], value
+  section, _, name = key.partition(".")
+  if not sep or section not in ("model", "rollout") or not name:
+    raise SystemExit("accelerator.py: --set takes model.KEY=VALUE or rollout.KEY=VALUE, "
+                     f"got {text!r}")
+  return (name if section == "model" else key), value
 
 
-def _run_parts(ctx: dict, over: dict, suffix: str = "") -> tuple:
-  """The model step, train step and decode benchmarks with the model fields `over`:
-  ({"model_step", "train_step", "decode"}: each child's figures with MFU or the roofline share
-  added, the model step's command); the children's logs are named with `suffix`."""
+def _run_parts(ctx: dict, settings: dict, suffix: str = "") -> tuple:
+  """The model step, train step and decode benchmarks with `settings` (model fields, and
+  "rollout.KEY" ones for decode alone): ({"model_step", "train_step", "decode"}: each child's
+  figures with MFU or the roofline share added, the model step's command); the children's logs
+  are named with `suffix`."""
   py, dtype, run, fields, cfg = (ctx[k] for k in ("py", "dtype", "run", "fields", "cfg"))
   figures, timeout, env, out_dir = (ctx[k] for k in ("figures", "timeout", "env", "out_dir"))
   run_child, result = ctx["run_child"], {}
+  over = {k: v for k, v in settings.items() if not k.startswith("rollout.")}
+  engine = {k: v for k, v in settings.items() if k.startswith("rollout.")}
 
   # Model step: forward + backward of the jitted model.
   step_cmd = [py, os.path.join(HERE, "model_step.py"), "--no_torch", f"--dtype={dtype}",
@@ -276,6 +284,7 @@ def _run_parts(ctx: dict, over: dict, suffix: str = "") -> tuple:
          f"--prompt_len={run['prompt_len']}", f"--tokens={run['decode_tokens']}",
          "--concurrency=" + ",".join(str(c) for c in run["concurrency"])]
   cmd += [f"--set=model.{k}={v}" for k, v in over.items()]
+  cmd += [f"--set={k}={v}" for k, v in engine.items()]
   dec, secs = run_child("decode" + suffix, cmd, 2 * timeout, env, out_dir)
   result["decode"] = dict(dec, wall_s=secs)
   if "engine_tokens_per_s" in dec and figures:
@@ -317,8 +326,8 @@ def main(argv=None, run_child=None):
   `_run`: a subprocess; a test passes a stand-in to check this process alone)."""
   args = parse_args(argv)
   run_child = run_child or _run
-  settings = dict(_model_setting(s) for s in args.set)
-  versus = dict(_model_setting(s) for s in args.versus)
+  settings = dict(_setting(s) for s in args.set)
+  versus = dict(_setting(s) for s in args.versus)
   size_name = "smoke" if args.smoke else args.size
   size, run = SIZES[size_name], dict(RUNS[size_name])
   timeout = args.timeout or run["timeout"]

@@ -217,6 +217,24 @@ def test_a_model_setting_reaches_every_child_and_the_json(tmp_path):
     accelerator.main(["--smoke", "--set=gdn_scan=fused"], run_child=lambda *a: None)
 
 
+def test_an_engine_setting_reaches_decode_alone(tmp_path):
+  """--set=rollout.KEY=VALUE (the engine's, e.g. its weights layer by layer) is decode's
+  alone: the model and train steps run no engine; --versus takes one too."""
+  got = _parent(tmp_path, "--smoke", "--set=rollout.scan_layers=False",
+                "--versus=rollout.max_slots=64")
+  calls = got["calls"]
+  assert "--set=rollout.scan_layers=False" in calls["decode"]
+  assert "--set=rollout.scan_layers=False" in calls["decode_versus"]
+  assert "--set=rollout.max_slots=64" in calls["decode_versus"]
+  assert "--set=rollout.max_slots=64" not in calls["decode"]
+  for part in ("model_step", "train_step", "model_step_versus", "train_step_versus"):
+    assert not any("rollout" in a for a in calls[part]), calls[part]
+  assert got["result"]["settings"] == {"rollout.scan_layers": "False"}
+  assert got["result"]["versus"]["settings"] == {"rollout.max_slots": "64"}
+  with pytest.raises(SystemExit, match="or rollout.KEY=VALUE"):
+    accelerator.main(["--smoke", "--set=train.seq_len=8"], run_child=lambda *a: None)
+
+
 def test_a_long_decode_prompt_reaches_the_decode_child_and_its_roofline(tmp_path):
   """--decode_prompt_len: the decode child's prompts, and the roofline's context, are that
   long (the cache the fused decode attention reads in place); the JSON records it."""
