@@ -8,6 +8,7 @@
 #   benchmarks/accelerator.sh --breakdown      # also: the model step's time per component
 #   benchmarks/accelerator.sh --set=model.gdn_scan=fused   # a model setting for every part
 #   benchmarks/accelerator.sh --versus=model.gdn_decode=fused   # every part again with it: ratios
+#   benchmarks/accelerator.sh --versus=rollout.scan_layers=False   # an engine setting: decode alone
 #   benchmarks/accelerator.sh --size=a3b_slice  # one layer cycle of 35B-A3B (300 s a part at most)
 #
 # PYTHON: the interpreter (default .venv/bin/python, else python3); OUT: the output folder;

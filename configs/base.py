@@ -332,6 +332,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.seed = 0                 # sampler seed of requests that bring none
   c.rollout.cache_dtype = ""         # KV / conv cache dtype; "" = model.dtype
   c.rollout.weights_dtype = ""       # dtype of the served weight matrices (vectors keep theirs); "" = model.param_dtype
+  c.rollout.scan_layers = True       # the engine holds the layers stacked, as trained, and scans them; False = one by one, run as the model with scan_layers=False: decode reads weights in place (no slice copies), compile time grows with depth (docs/rollout.md)
   c.rollout.warmup = True            # compile every prefill bucket before serving
   c.rollout.rpc_threads = 0          # gRPC handler threads; 0 = max(slots, 64)
   c.rollout.client_timeout_s = 600.0  # token client's deadline for one generate call

@@ -14,8 +14,10 @@ over its chunks as one kernel (far fewer kernel launches a step), and
 own length, no block copied), `--config.model.gdn_decode=fused` each decode step's Gated
 DeltaNet state update (each state read and written once, in place) and
 `--config.model.moe_dispatch=blocked_fused` the routed experts' matmuls and their gradients
-(read in place, not gathered per block); none has run on a GPU yet, so none is the default:
-docs/accelerators.md#compiling-for-a-slice-from-a-cpu.
+(read in place, not gathered per block), and `--config.rollout.scan_layers=False` has the
+engine hold its weights layer by layer (a decode step copies no weight slice; its programs
+compile ~4x slower: docs/rollout.md#engine-weights); none has run on a GPU yet, so none is the
+default: docs/accelerators.md#compiling-for-a-slice-from-a-cpu.
 Several hosts: the rollout servers run as their own jobs (`launch.py --mode=serve
 --config.rollout.mesh_shape=...` on each; `rollout.servers` and `rollout.weights_dir` for the
 trainer): an in-process engine serves from one process only (rl/rollout/README.md).

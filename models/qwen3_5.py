@@ -93,6 +93,28 @@ def param_axes(cfg: ModelConfig) -> dict:
   return axes
 
 
+def unscan_layers(cfg: ModelConfig, tree: dict) -> dict:
+  """`tree` (params or LoRA adapters in `cfg`'s layout: `blocks` stacked by cycle position)
+  in the layout of `cfg.replace(scan_layers=False)`: `blocks` one entry a layer, in order, each
+  leaf [1, ...] (layer i is cycle i // len(cycle) at cycle position i % len(cycle)).
+
+  For serving (`rollout.scan_layers=False`, rl/rollout/engine_weights.py): scanned, a decode
+  step slices each cycle's weights out of the stacks, and XLA:GPU copies most of those slices
+  before the matmuls that read them (the ~1B benchmark model at 8 sequences on an H200: 72 of
+  the step's 522 kernels; 35B-A3B's engine on 8 H200s: ~1.2 GiB a GPU a step written and read
+  again; compiler figures, docs/results.md). Unscanned, every weight is its own buffer, read
+  in place; compile time grows with depth. On arrays this slices (a copy of each leaf).
+  """
+  return dict(tree, blocks=tuple(unscanned_layer(cfg, tree, i)
+                                 for i in range(cfg.num_hidden_layers)))
+
+
+def unscanned_layer(cfg: ModelConfig, tree: dict, i: int) -> dict:
+  """Layer i of `tree` (in `cfg`'s layout) as `unscan_layers` holds it: its leaves [1, ...]."""
+  c, j = divmod(i, len(cfg.cycle))
+  return jax.tree.map(lambda a: a[c:c + 1], tree["blocks"][j])
+
+
 # -- forward ------------------------------------------------------------------------------
 
 def _block(p, x, positions, cfg: ModelConfig, layer_type: str, cache, lengths, mode: str,
@@ -163,6 +185,13 @@ def _run_layers(cfg: ModelConfig, params, x, positions, cache=None, lengths=None
   """
   adapters = params.get("lora")   # lora.attach: merged here one layer at a time
   carried = [mode == "decode"] * len(cfg.cycle)
+  # An unscanned prefill makes each layer's output and cache before the next layer starts, as
+  # a scan's step boundary would. Otherwise XLA may defer a layer's cache branch (a Gated
+  # DeltaNet layer's final state) and keep its inputs alive across layers: compiled for 8
+  # H200s, 35B-A3B's 4,096-token prefill held 4.1 GB of temporaries a GPU, 3.1 with the
+  # barrier, 1.4 scanned. Not in decode, where temporaries are small and the barrier would keep
+  # XLA from fusing across layers (+69 kernels a step in that engine).
+  barrier = not cfg.scan_layers and cache is not None and mode != "decode"
   blocks_params, experts = _split_stacked_experts(cfg, params["blocks"], mode, adapters)
 
   def cycle_body(carry, xs):
@@ -186,6 +215,8 @@ def _run_layers(cfg: ModelConfig, params, x, positions, cache=None, lengths=None
       x, r, c = _block(p, x, positions, cfg, layer_type, c, lengths, mode,
                        layer=cycle if in_place else None,
                        experts_layer=cycle if experts[j] is not None else None)
+      if barrier:
+        x, c = jax.lax.optimization_barrier((x, c))
       if in_place:
         kv[j], c = c, None
       elif carried[j]:

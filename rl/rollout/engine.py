@@ -202,6 +202,9 @@ class QwenEngine(engine_api.Engine):
       `lower_programs` (the compile mode, rl/compile_job.py).
     lora_spec: a models.lora.LoraSpec: `params` are the frozen base, and `update_params` takes
       adapters, merged into the served weights; None = weight syncs send whole params.
+    scan_layers: hold the weights stacked and run the layers as a scan (True), or hold them
+      layer by layer and run the model unscanned (False: decode reads each layer's weights in
+      place, compile time grows with depth; engine_weights.py).
   """
 
   def __init__(self, cfg, *, slots: int, max_len: int, prefill_buckets: Sequence[int],
@@ -210,7 +213,7 @@ class QwenEngine(engine_api.Engine):
                mesh=None, rules=None, prefix_buckets: Sequence[int] = (), prefix_min_len: int = 256,
                initial_version: int = 0, turn_cache: int = 0,
                weights_dtype: Optional[str] = None, abstract_on: Optional[Any] = None,
-               lora_spec: Optional[lora.LoraSpec] = None):
+               lora_spec: Optional[lora.LoraSpec] = None, scan_layers: bool = True):
     if max_len > cfg.max_position_embeddings:
       raise ValueError(f"max_len {max_len} > model max_position_embeddings "
                        f"{cfg.max_position_embeddings}")
@@ -230,14 +233,18 @@ class QwenEngine(engine_api.Engine):
     self._abstract_on = abstract_on
     self._weights = engine_weights.EngineWeights(
         cfg, params, init_seed=init_seed, weights_dtype=weights_dtype, mesh=mesh, rules=rules,
-        abstract_on=abstract_on, lora_spec=lora_spec, initial_version=initial_version)
+        abstract_on=abstract_on, lora_spec=lora_spec, initial_version=initial_version,
+        scan_layers=scan_layers)
     self._caches = engine_caches.EngineCaches(
         buckets=self.buckets, max_len=self.max_len, prefix_buckets=prefix_buckets,
         align=gated_deltanet.chunk_size(cfg), prefix_min_len=prefix_min_len,
         turn_cache=turn_cache)
+    # The programs run the model in the layout the weights are held in (unscanned with
+    # `scan_layers=False`).
     self.programs = engine_programs.EnginePrograms(
-        cfg, slots=self.slots, max_len=self.max_len, cache_dtype=cache_dtype or cfg.dtype,
-        mesh=mesh, rules=rules, hold_finished=self._caches.keeps_turns, abstract_on=abstract_on)
+        self._weights.held_cfg, slots=self.slots, max_len=self.max_len,
+        cache_dtype=cache_dtype or cfg.dtype, mesh=mesh, rules=rules,
+        hold_finished=self._caches.keeps_turns, abstract_on=abstract_on)
     self.prompt_tokens = 0     # prompt tokens requests brought
     self.prefilled_tokens = 0  # of them, those prefill computed (not read from a cached state)
 
@@ -260,7 +267,7 @@ class QwenEngine(engine_api.Engine):
         stop_ids=r.stop_ids, cache_dtype=r.cache_dtype or None, tokenizer_cfg=config.tokenizer,
         prefix_buckets=r.prefix_buckets if r.prefix_cache else (),
         prefix_min_len=r.prefix_min_len, turn_cache=r.turn_cache, mesh=mesh, rules=rules,
-        weights_dtype=r.weights_dtype or None,
+        weights_dtype=r.weights_dtype or None, scan_layers=r.scan_layers,
         lora_spec=lora.from_config(config.lora) if "lora" in config else None)
     kw.update(overrides)
     return cls(cfg, **kw)
@@ -426,7 +433,7 @@ class QwenEngine(engine_api.Engine):
     prompt bucket (default: every bucket) and the generate step, for abstract inputs of the
     shapes and shardings serving gives them (`EnginePrograms.lower`). Nothing runs and nothing
     is allocated."""
-    return self.programs.lower(self.params_target(), buckets or self.buckets)
+    return self.programs.lower(self._weights.params_target(held=True), buckets or self.buckets)
 
   def warmup(self, buckets: Optional[Sequence[int]] = None, prefix: Optional[Sequence[int]] = None,
              score: bool = False) -> None:

@@ -6,6 +6,12 @@ holds), in the engine's dtypes (`serving_shapes`) and on the engine's devices. A
 (`served`) checks the new tree against the engine's, so that nothing recompiles, and places a
 copy of it, or with LoRA merges the adapters it brings into the base kept from the start:
 W + (alpha / r) A @ B, once per sync, so that decoding runs the plain model (docs/lora.md).
+
+A sync brings the trainer's layout (each cycle position's layers stacked); with
+`scan_layers=False` the engine holds them layer by layer, in the layout of the model with
+`scan_layers=False` (models/qwen3_5.unscan_layers), and its programs run that model: decode then
+reads each layer's weights in place where the layer scan copies slices of the stacks
+(docs/rollout.md#engine-weights).
 """
 import contextlib
 import threading
@@ -85,33 +91,42 @@ class EngineWeights:
     lora_spec: a models.lora.LoraSpec: `params` are the frozen base and a sync brings adapters;
       None = a sync brings whole params.
     initial_version: the version the first params are served as.
+    scan_layers: hold the weights stacked as given (True), or layer by layer (False: the
+      layout of `held_cfg`, the model with scan_layers=False, which the engine's programs run).
   """
 
   def __init__(self, cfg, params=None, *, init_seed: int = 0,
                weights_dtype: Optional[str] = None, mesh=None, rules=None,
                abstract_on: Optional[Any] = None, lora_spec: Optional[lora.LoraSpec] = None,
-               initial_version: int = 0):
+               initial_version: int = 0, scan_layers: bool = True):
     self.cfg = cfg
     self._mesh = mesh
     self._rules = rules
     self._abstract_on = abstract_on
+    self._unscan = not scan_layers and cfg.scan_layers
+    self.held_cfg = cfg.replace(scan_layers=False) if self._unscan else cfg
     init = lambda key: qwen3_5.init_params(cfg, key)
     given = jax.eval_shape(init, jax.random.key(0)) if params is None else params
+    # What a sync brings (stacked), and what the engine holds (`_held`: stacked or per layer).
     self._abstract_params = serving_shapes(
         jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), given), weights_dtype)
-    self._param_shardings = None
+    self._abstract_held = jax.eval_shape(self._held, self._abstract_params)
+    self._param_shardings = self._held_shardings = None
     if mesh is not None:
-      self._param_shardings = sharding.tree_shardings(qwen3_5.param_axes(cfg),
-                                                      self._abstract_params, mesh, rules)
+      axes = qwen3_5.param_axes(cfg)
+      self._param_shardings = sharding.tree_shardings(axes, self._abstract_params, mesh, rules)
+      self._held_shardings = sharding.tree_shardings(
+          qwen3_5.param_axes(self.held_cfg), self._abstract_held, mesh, rules)
     # Placed exactly as `served` will place new weights, so a swap never recompiles.
     if abstract_on is not None:
       params = self.params_target()
     elif params is None:
       # Initialised where it is served, shard by shard: a model that needs the engine's mesh
       # does not fit one device (a served random init is a placeholder until a weight sync).
-      where = ({} if self._param_shardings is None
-               else {"out_shardings": self._param_shardings})
-      params = jax.jit(lambda key: self._cast(init(key)), **where)(jax.random.key(init_seed))
+      where = ({} if self._held_shardings is None
+               else {"out_shardings": self._held_shardings})
+      params = jax.jit(lambda key: self._held(self._cast(init(key))),
+                       **where)(jax.random.key(init_seed))
     else:
       params = self._place(self._cast(params))
     self._init_lora(lora_spec, params)
@@ -132,8 +147,9 @@ class EngineWeights:
     if self._mesh is not None:
       self._adapter_shardings = sharding.tree_shardings(
           lora.axes(spec, axes), self._abstract_adapters, self._mesh, self._rules)
-    where = {} if self._param_shardings is None else {"out_shardings": self._param_shardings}
-    self._merge_jit = jax.jit(lambda b, a: self._cast(lora.merge(b, a, spec.scale)), **where)
+    where = {} if self._held_shardings is None else {"out_shardings": self._held_shardings}
+    self._merge_jit = jax.jit(
+        lambda b, a: lora.merge(b, self._held(a), spec.scale), **where)
 
   @property
   def version(self) -> int:
@@ -178,14 +194,20 @@ class EngineWeights:
       shardings = jax.tree.map(lambda _: one, self._abstract_adapters)
     return sharding.with_shardings(self._abstract_adapters, shardings)
 
-  def params_target(self):
+  def params_target(self, held: bool = False):
     """The engine's params as ShapeDtypeStructs with their shardings: a restore target that
-    puts each shard of a saved tree straight on the device that serves it."""
-    shardings = self._param_shardings
+    puts each shard of a saved tree straight on the device that serves it. `held`: in the
+    layout the engine holds and its programs take (`held_cfg`'s)."""
+    abstract = self._abstract_held if held else self._abstract_params
+    shardings = self._held_shardings if held else self._param_shardings
     if shardings is None and self._abstract_on is not None:
       one = jax.sharding.SingleDeviceSharding(self._abstract_on)
-      shardings = jax.tree.map(lambda _: one, self._abstract_params)
-    return sharding.with_shardings(self._abstract_params, shardings)
+      shardings = jax.tree.map(lambda _: one, abstract)
+    return sharding.with_shardings(abstract, shardings)
+
+  def _held(self, params):
+    """Stacked `params` (or adapters) in the layout the engine holds."""
+    return qwen3_5.unscan_layers(self.cfg, params) if self._unscan else params
 
   def _cast(self, params):
     """`params` in the engine's dtypes (a no-op for leaves already in them)."""
@@ -197,12 +219,25 @@ class EngineWeights:
 
     Device arrays go device to device (from a training mesh: the reshard), never through the
     host. Always a copy: a train step that donates its state (rl/train_step.py) must not be
-    able to free the arrays the engine is serving with.
+    able to free the arrays the engine is serving with. Held per layer, each layer's slices
+    are cut where the arrays are (on a device: one layer's copy at a time) and placed.
     """
-    where = (self._param_shardings if self._param_shardings is not None
+    where = (self._held_shardings if self._held_shardings is not None
              else jax.local_devices()[0])
-    placed = jax.device_put(params, where, may_alias=False)
-    # A replicated array put on one of its own devices comes back as that device's buffer even
-    # with may_alias=False (JAX 0.10): those leaves are copied on the device.
-    return jax.tree.map(lambda src, out: jnp.copy(out) if _shares_buffers(src, out) else out,
-                        params, placed)
+    if not self._unscan:
+      return _put(params, where)
+    at = lambda key, i=None: (where if not isinstance(where, dict)
+                              else where[key] if i is None else where[key][i])
+    out = {key: _put(v, at(key)) for key, v in params.items() if key != "blocks"}
+    out["blocks"] = tuple(_put(qwen3_5.unscanned_layer(self.cfg, params, i), at("blocks", i))
+                          for i in range(self.cfg.num_hidden_layers))
+    return out
+
+
+def _put(tree, where):
+  """A copy of `tree` on `where` (a sharding tree or one device), never sharing a buffer."""
+  placed = jax.device_put(tree, where, may_alias=False)
+  # A replicated array put on one of its own devices comes back as that device's buffer even
+  # with may_alias=False (JAX 0.10): those leaves are copied on the device.
+  return jax.tree.map(lambda src, out: jnp.copy(out) if _shares_buffers(src, out) else out,
+                      tree, placed)

@@ -200,17 +200,42 @@ def test_cache_insert_moves_one_sequence_into_a_slot(model):
   np.testing.assert_allclose(logits[2], ref[0, -1], atol=1e-4)
 
 
-def test_scanned_and_unrolled_layers_give_the_same_logits(two_cycle_model):
+def test_unscanned_layers_give_the_scanned_models_logits_prefill_extend_and_decode(
+    two_cycle_model):
+  """`unscan_layers` regroups the scanned params (2 cycles of 4) as the model with
+  scan_layers=False holds them (one cycle of 8 layers, a serving engine's layout): its
+  param_axes name every leaf, and it gives the scanned model's logits, prefill, extend and
+  decode (a row not live keeps its states)."""
   cfg, params = two_cycle_model
   flat_cfg = cfg.replace(scan_layers=False)
   assert cfg.num_cycles == 2 and flat_cfg.num_cycles == 1
-  # Re-group the scanned params (2 cycles of 4) as one cycle of 8 layers.
-  blocks = tuple(jax.tree.map(lambda a, c=c: a[c:c + 1], params["blocks"][j])
-                 for c in range(cfg.num_cycles) for j in range(len(cfg.cycle)))
-  flat = dict(params, blocks=blocks)
+  flat = qwen3_5.unscan_layers(cfg, params)
+  assert cfg.cycle == ("linear_attention",) * 3 + ("full_attention",)
+  # Layer 7 is cycle 1's attention layer.
+  np.testing.assert_array_equal(flat["blocks"][7]["mixer"]["q_proj"][0],
+                                params["blocks"][3]["mixer"]["q_proj"][1])
+  is_axes = lambda a: isinstance(a, tuple) and all(isinstance(n, (str, type(None))) for n in a)
+  axes = qwen3_5.param_axes(flat_cfg)
+  assert jax.tree.structure(axes, is_leaf=is_axes) == jax.tree.structure(flat)
+  for names, x in zip(jax.tree.leaves(axes, is_leaf=is_axes), jax.tree.leaves(flat)):
+    assert len(names) == x.ndim
   tokens = jnp.asarray(np.random.default_rng(3).integers(0, cfg.vocab_size, (2, 30)), jnp.int32)
   np.testing.assert_allclose(_forward(flat_cfg, flat, tokens),
                              _forward(cfg, params, tokens), atol=1e-5)
+  lengths = jnp.asarray([8, 5], jnp.int32)
+  runs = []
+  for c, p in ((cfg, params), (flat_cfg, flat)):
+    out, cache = _prefill(c, p, tokens[:, :8], lengths, max_len=16)
+    ext, _ = _extend(c, p, cache, tokens[:, 8:12], jnp.asarray([4, 4], jnp.int32))
+    step, after = _decode_live(c, p, cache, tokens[:, 8], jnp.asarray([True, False]))
+    # The caches hold the same layers in the two layouts: compare them layer by layer.
+    runs.append((out, ext, step, jax.tree.leaves(qwen3_5.unscan_layers(c, after)
+                                                  if c.scan_layers else after)))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), *runs)
+
+
+_decode_live = jax.jit(
+    lambda cfg, p, c, t, live: qwen3_5.decode_step(cfg, p, c, t, live=live), static_argnums=0)
 
 
 def _loss_and_grads(cfg, params, tokens):
@@ -585,3 +610,34 @@ def test_the_gpu_decode_step_with_the_fused_state_update_reads_and_writes_each_s
   in_place = [l for l in fused.splitlines() if stack.search(l) and " custom-call(" in l]
   # One a Gated DeltaNet layer of the cycle (of every cycle where the layer scan is unrolled).
   assert in_place and len(in_place) % cfg.cycle.count("linear_attention") == 0
+
+
+def test_the_unscanned_gpu_decode_step_copies_no_weight():
+  """Compiled for an H200 with every GPU kernel: the layer scan slices each layer's weights out
+  of the stacks, and XLA copies slices before their matmuls (kernels whose result is one
+  layer's weight); the model with scan_layers=False (how `rollout.scan_layers=False` serves)
+  reads each weight where it is, in fewer kernels."""
+  # Three layer cycles (scanned), bfloat16, 64 experts top-2: at the tiny defaults XLA reads
+  # the stacks' slices inside its matmul kernels.
+  cfg = _tiny(num_hidden_layers=12, hidden_size=256, num_attention_heads=8,
+              num_key_value_heads=2, head_dim=64, linear_num_key_heads=4,
+              linear_num_value_heads=8, linear_key_head_dim=64, linear_value_head_dim=64,
+              num_experts=64, num_experts_per_tok=2, moe_intermediate_size=128,
+              shared_expert_intermediate_size=128, param_dtype="bfloat16", dtype="bfloat16",
+              moe_dispatch="blocked_fused", decode_attention="fused", gdn_decode="fused")
+  flat_cfg = cfg.replace(scan_layers=False)
+  flat = jax.eval_shape(lambda: qwen3_5.init_params(flat_cfg, jax.random.key(0)))
+  weight_shapes = {",".join(map(str, x.shape[1:])) for x in jax.tree.leaves(flat["blocks"])
+                   if x.ndim >= 3}
+  # A copy or a kernel (not a matmul) whose result is one layer's weight ([1, ...] where a
+  # slice of the stack keeps its axis). Not counted: XLA's concatenations of two weights that
+  # meet the same input (its dot merger: gate with up), made whichever the layout.
+  result = re.compile(r"= [a-z0-9]+\[(?:1,)?([0-9,]+)\]\{[^}]*\} (fusion|copy)\(")
+  copies = lambda hlo: [l for l in hlo.splitlines()
+                        if (m := result.search(l)) and m.group(1) in weight_shapes
+                        and "kind=kCustom" not in l and "concatenate" not in l]
+  scanned = _h200_decode_hlo(cfg)
+  unscanned = _h200_decode_hlo(flat_cfg)
+  assert copies(scanned)
+  assert not copies(unscanned), copies(unscanned)[:3]
+  assert aot.hlo_costs(unscanned)["kernels"] < aot.hlo_costs(scanned)["kernels"]

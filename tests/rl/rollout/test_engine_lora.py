@@ -120,23 +120,31 @@ def test_a_whole_param_tree_is_refused_by_a_lora_engine(server, model):
     server.update_weights(model[2])
 
 
-def test_adapters_from_a_sharded_train_state_merge_on_the_engine(config, model):
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_adapters_from_a_sharded_train_state_merge_on_the_engine(config, model, scan_layers):
   """The RL loop syncs the train state's adapters as laid out by the train mesh (experts'
-  adapters split over `expert`); the engine reshards them onto its own devices."""
+  adapters split over `expert`); the engine reshards them onto its own devices, and with its
+  weights held layer by layer (`rollout.scan_layers=False`) merges them layer by layer."""
   cfg, spec, base, adapters = model
   c = config.copy_and_resolve_references()
   with c.unlocked():
     c.mesh.shape = (1, 2, 2, 2)
+  served_config = config.copy_and_resolve_references()
+  with served_config.unlocked():
+    served_config.rollout.scan_layers = scan_layers
   mesh = sharding.make_mesh(c.mesh)
   rules = sharding.rules_from_config(c.mesh.rules)
   sh = sharding.tree_shardings(lora.axes(spec, qwen3_5.param_axes(cfg)), adapters, mesh, rules)
   train_like = jax.device_put(adapters, sh)
   assert train_like["blocks"][0]["ffn"]["wi_up"]["a"].sharding.spec[1] == "expert"
-  s = serve.build_server(config, params=base, port=0, warmup=False)
+  s = serve.build_server(served_config, params=base, port=0, warmup=False)
   try:
     s.update_weights(train_like, version=1)
     served, _ = s.engine.load_params().get()
     want = lora.merge(base, adapters, spec.scale)
+    if not scan_layers:
+      want = qwen3_5.unscan_layers(cfg, want)
+    assert jax.tree.structure(served) == jax.tree.structure(want)
     for a, b in zip(jax.tree.leaves(served), jax.tree.leaves(want)):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
   finally:

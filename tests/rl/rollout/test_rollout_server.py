@@ -287,6 +287,45 @@ def test_engine_on_a_mesh_from_config_serves_the_models_greedy_tokens(config, mo
     s.stop()
 
 
+def test_an_engine_holding_its_layers_one_by_one_serves_the_models_greedy_tokens(config):
+  """`rollout.scan_layers=False` with two layer cycles, on the (1, 2, 2, 2) mesh with every GPU
+  kernel (Pallas' interpreter): the engine holds one entry a layer ([1, ...], the model with
+  scan_layers=False), cut from the stacks it is given and from each sync's, and serves the
+  scanned model's greedy tokens, before and after a weight sync from a train layout."""
+  c = config.copy_and_resolve_references()
+  with c.unlocked():
+    c.model.num_hidden_layers = 8
+    c.rollout.mesh_shape = (1, 2, 2, 2)
+    c.rollout.scan_layers = False
+    c.model.moe_dispatch, c.model.decode_attention = "blocked_fused", "fused"
+    c.model.gdn_decode = "fused"
+  cfg = qwen3_5.config_from_dict(c.model)
+  reference = cfg.replace(moe_dispatch="auto", decode_attention="xla", gdn_decode="xla")
+  forward = jax.jit(functools.partial(qwen3_5.forward, reference))
+  old = qwen3_5.init_params(cfg, jax.random.key(3))
+  s = serve.build_server(c, params=old, port=0, warmup=False)
+  client = TokenClient(s.address, timeout_s=120)
+  try:
+    served = s.engine.load_params().get()[0]
+    assert cfg.num_cycles == 2 and len(served["blocks"]) == 8
+    np.testing.assert_array_equal(served["blocks"][7]["mixer"]["q_proj"],
+                                  old["blocks"][3]["mixer"]["q_proj"][1:2])
+    assert len(served["embed"].sharding.device_set) == 8
+    for prompt in PROMPTS[:2]:
+      want = greedy_by_recompute(forward, old, prompt, 6)
+      assert client.generate(prompt, GREEDY, max_tokens=6, stop_ids=[]).ids == want
+    new = qwen3_5.init_params(cfg, jax.random.key(7))
+    train_mesh = jax.make_mesh((8,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,))
+    s.update_weights(jax.tree.map(
+        lambda x: jax.device_put(x, NamedSharding(train_mesh, P("fsdp") if x.shape[0] % 8 == 0
+                                                  else P())), new))
+    want = greedy_by_recompute(forward, new, PROMPTS[0], 6)
+    assert client.generate(PROMPTS[0], GREEDY, max_tokens=6, stop_ids=[]).ids == want
+  finally:
+    client.close()
+    s.stop()
+
+
 def test_weights_served_in_bfloat16_are_the_synced_weights_cast(config, model, full_forward):
   """rollout.weights_dtype: the engine holds its weight matrices in bfloat16 and its vectors
   (norm scales, decay parameters) as given, cast from the float32 params it starts from and
