@@ -294,10 +294,10 @@ def token_logprobs(cfg: ModelConfig, params, hidden, targets, temperature: float
   Returns:
     (logprobs [batch, seq] f32, entropy [batch, seq] f32) of softmax(logits / temperature).
 
-  The gradient is written by hand (`_head_logprobs`): it keeps the hidden states and the
-  entropy and recomputes the float32 logits in the backward pass, where autodiff would keep the
-  [positions, vocab] float32 log-softmax from the forward pass to the backward (at 32k tokens of
-  vocabulary, 128 KiB a position). With `cfg.logits_chunk > 0` the vocabulary-sized logits
+  The gradient is written by hand (`_head_logprobs`): it keeps the hidden states, the entropy
+  and the log-sum-exp and recomputes the float32 logits in the backward pass, where autodiff
+  would keep the [positions, vocab] float32 log-softmax from the forward pass to the backward
+  (at 32k tokens of vocabulary, 128 KiB a position). With `cfg.logits_chunk > 0` the vocabulary-sized logits
   exist for one block of positions at a time, forward and backward: at 248k tokens of
   vocabulary they would otherwise be the largest activation of a long-context step.
   """
@@ -326,9 +326,22 @@ def token_logprobs(cfg: ModelConfig, params, hidden, targets, temperature: float
   return unblock(lp), unblock(ent)
 
 
-def _head_log_softmax(temperature, h, w):
-  logits = jnp.dot(h, w, preferred_element_type=jnp.float32)   # = logits_from_hidden
-  return jax.nn.log_softmax(logits / temperature, axis=-1)
+def _head_stats(temperature, h, w, targets):
+  """(log p(target), entropy, log-sum-exp) [...] of z = h @ w / temperature, float32.
+
+  With m = max z, s0 = sum exp(z - m) and s1 = sum exp(z - m) (z - m): log-sum-exp = m + log s0
+  and entropy = log s0 - s1 / s0. s0 and s1 reduce the same input to the same shape, so XLA
+  makes them one kernel: the [.., vocab] logits are read twice (max, then both sums), where
+  log_softmax followed by the entropy's sum over p log p reads them three times (the slice of
+  35B-A3B on one H200: 16 GB of float32 logits a micro-batch, compiler figures)."""
+  z = jnp.dot(h, w, preferred_element_type=jnp.float32) / temperature  # = logits_from_hidden / T
+  m = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
+  e = jnp.exp(z - m)
+  s0 = jnp.sum(e, axis=-1)
+  s1 = jnp.sum(e * (z - m), axis=-1)
+  lse = m[..., 0] + jnp.log(s0)
+  picked = jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0] - lse
+  return picked, jnp.log(s0) - s1 / s0, lse
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -339,10 +352,8 @@ def _head_logprobs(temperature, h, w, targets):
 
 
 def _head_logprobs_fwd(temperature, h, w, targets):
-  logp = _head_log_softmax(temperature, h, w)
-  picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-  entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
-  return (picked, entropy), (h, w, targets, entropy)
+  picked, entropy, lse = _head_stats(temperature, h, w, targets)
+  return (picked, entropy), (h, w, targets, entropy, lse)
 
 
 def _head_logprobs_bwd(temperature, residuals, cotangents):
@@ -356,9 +367,9 @@ def _head_logprobs_bwd(temperature, residuals, cotangents):
   tokens of vocabulary, and the cotangent took twice the bytes. Rounding it to bfloat16 is
   what a bfloat16 LM head's backward gives in MaxText and Megatron-LM; with float32
   activations (the CPU default) nothing changes."""
-  h, w, targets, entropy = residuals
+  h, w, targets, entropy, lse = residuals
   g_picked, g_entropy = cotangents
-  logp = _head_log_softmax(temperature, h, w)
+  logp = jnp.dot(h, w, preferred_element_type=jnp.float32) / temperature - lse[..., None]
   p = jnp.exp(logp)
   onehot = jnp.arange(logp.shape[-1]) == targets[..., None]
   dz = (jnp.where(onehot, g_picked[..., None], 0.0) - p * g_picked[..., None]

@@ -251,10 +251,11 @@ def part_bytes(mc, seq: int, rows: float, tensor_ways: int = 1, length_ways: int
   else:
     f = mc.intermediate_size / tw
     out["mlp"] = {"kept": (h + 4 * f) * ab * tok, "working": 0.0}
-  # LM head: its input and the entropy; the backward recomputes the float32 logits and holds
-  # their float32 cotangent beside them, for logits_chunk positions of each row at a time.
+  # LM head: its input, target, entropy and log-sum-exp; the backward recomputes the float32
+  # logits and holds their float32 cotangent beside them, for logits_chunk positions of each row
+  # at a time.
   logit_rows = rows * (mc.logits_chunk if 0 < mc.logits_chunk < seq else seq) / length_ways
-  out["lm_head_logprobs"] = {"kept": (h * ab + 8) * tok,
+  out["lm_head_logprobs"] = {"kept": (h * ab + 12) * tok,
                              "working": logit_rows * mc.vocab_size / tw * 4 * 2}
   return out
 

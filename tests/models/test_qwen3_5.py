@@ -436,6 +436,31 @@ def test_chunked_token_logprobs_match_full_logits(model):
     np.testing.assert_allclose(a, b, atol=1e-5 * max(1.0, float(jnp.abs(b).max())))
 
 
+def test_head_values_and_gradients_are_log_softmaxs(model):
+  """The LM head's logprob and entropy (from one max and two exp-sums) and its hand-written
+  gradient (the logits recomputed, the saved log-sum-exp) equal log_softmax's and autodiff's,
+  for any mix of the two outputs' cotangents."""
+  cfg, params = model
+  hidden = jax.random.normal(jax.random.key(6), (2, 19, cfg.hidden_size))
+  targets = jnp.asarray(np.random.default_rng(6).integers(0, cfg.vocab_size, (2, 19)), jnp.int32)
+  g_lp, g_ent = jax.random.normal(jax.random.key(7), (2, 2, 19))
+
+  def reference(p, h):
+    logp = jax.nn.log_softmax(qwen3_5.logits_from_hidden(cfg, p, h) / 0.7)
+    return (jnp.take_along_axis(logp, targets[..., None], -1)[..., 0],
+            -jnp.sum(jnp.exp(logp) * logp, -1))
+
+  def head(p, h):
+    return qwen3_5.token_logprobs(cfg, p, h, targets, temperature=0.7)
+
+  for got, want in zip(head(params, hidden), reference(params, hidden)):
+    np.testing.assert_allclose(got, want, atol=1e-5)
+  weighted = lambda f: lambda p, h: jnp.sum(f(p, h)[0] * g_lp + f(p, h)[1] * g_ent)
+  grads = lambda f: jax.jit(jax.grad(weighted(f), argnums=(0, 1)))(params, hidden)
+  for a_, b_ in zip(jax.tree.leaves(grads(head)), jax.tree.leaves(grads(reference))):
+    np.testing.assert_allclose(a_, b_, atol=1e-5 * max(1.0, float(jnp.abs(b_).max())))
+
+
 def test_head_backward_matmuls_take_the_activation_dtype(model):
   """In bfloat16 the logits' cotangent meets the LM head's two backward matmuls as bfloat16
   (float32 accumulation), as the forward matmul's operands are; the gradients are the float32

@@ -272,19 +272,25 @@ def test_engine_on_a_mesh_from_config_serves_the_models_greedy_tokens(config, mo
     assert len(served["embed"].sharding.device_set) == 8
     embed_split = served["embed"].sharding.spec[1:]       # [vocab, embed]
     assert (embed_split in ((), (None,))) == (layout == "whole_weights"), served["embed"].sharding
-    for prompt in PROMPTS[:2]:
-      want = greedy_by_recompute(full_forward, old, prompt, 6)
-      assert client.generate(prompt, GREEDY, max_tokens=6, stop_ids=[]).ids == want
-    new = qwen3_5.init_params(cfg, jax.random.key(7))
-    train_mesh = jax.make_mesh((8,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,))
-    s.update_weights(jax.tree.map(
-        lambda x: jax.device_put(x, NamedSharding(train_mesh, P("fsdp") if x.shape[0] % 8 == 0
-                                                  else P())), new))
-    want = greedy_by_recompute(full_forward, new, PROMPTS[0], 6)
-    assert client.generate(PROMPTS[0], GREEDY, max_tokens=6, stop_ids=[]).ids == want
+    _serves_greedy_tokens_before_and_after_a_sync(s, client, full_forward, cfg, old)
   finally:
     client.close()
     s.stop()
+
+
+def _serves_greedy_tokens_before_and_after_a_sync(s, client, forward, cfg, old):
+  """Server `s` serves the greedy tokens of `old` (by `forward`'s recompute), and after a weight
+  sync of new params laid out on an 8-device train mesh, theirs."""
+  for prompt in PROMPTS[:2]:
+    want = greedy_by_recompute(forward, old, prompt, 6)
+    assert client.generate(prompt, GREEDY, max_tokens=6, stop_ids=[]).ids == want
+  new = qwen3_5.init_params(cfg, jax.random.key(7))
+  train_mesh = jax.make_mesh((8,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,))
+  s.update_weights(jax.tree.map(
+      lambda x: jax.device_put(x, NamedSharding(train_mesh, P("fsdp") if x.shape[0] % 8 == 0
+                                                else P())), new))
+  want = greedy_by_recompute(forward, new, PROMPTS[0], 6)
+  assert client.generate(PROMPTS[0], GREEDY, max_tokens=6, stop_ids=[]).ids == want
 
 
 def test_an_engine_holding_its_layers_one_by_one_serves_the_models_greedy_tokens(config):
@@ -311,16 +317,7 @@ def test_an_engine_holding_its_layers_one_by_one_serves_the_models_greedy_tokens
     np.testing.assert_array_equal(served["blocks"][7]["mixer"]["q_proj"],
                                   old["blocks"][3]["mixer"]["q_proj"][1:2])
     assert len(served["embed"].sharding.device_set) == 8
-    for prompt in PROMPTS[:2]:
-      want = greedy_by_recompute(forward, old, prompt, 6)
-      assert client.generate(prompt, GREEDY, max_tokens=6, stop_ids=[]).ids == want
-    new = qwen3_5.init_params(cfg, jax.random.key(7))
-    train_mesh = jax.make_mesh((8,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,))
-    s.update_weights(jax.tree.map(
-        lambda x: jax.device_put(x, NamedSharding(train_mesh, P("fsdp") if x.shape[0] % 8 == 0
-                                                  else P())), new))
-    want = greedy_by_recompute(forward, new, PROMPTS[0], 6)
-    assert client.generate(PROMPTS[0], GREEDY, max_tokens=6, stop_ids=[]).ids == want
+    _serves_greedy_tokens_before_and_after_a_sync(s, client, forward, cfg, old)
   finally:
     client.close()
     s.stop()
