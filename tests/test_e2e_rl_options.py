@@ -46,10 +46,12 @@ ARMS = {
         "rl.policy_loss": "rollout_is", "rl.loss_reduction": "seq_mean_token_sum_norm",
         "rl.filter_zero_variance": False, "rl.moe_aux_loss_coef": 0.01, "optim.name": "sgd",
         "optim.lr": 0.05},
+    # Dynamic sampling (max_draws): the first step's draws hold no informative group without it,
+    # so nothing would update and the KL check below would have nothing to see.
     "lora_kl_k3_token_stale": {
         "lora.rank": 4, "optim.trainable": "", "optim.lr": 1e-3, "rl.kl.coef": 0.1,
         "rl.kl.estimator": "k3", "rl.loss_reduction": "token_mean", "loop.max_staleness": 1,
-        "train.micro_batches": 1},
+        "train.micro_batches": 1, "train.max_draws": 3},
 }
 # The default configuration's arm, run by tests/test_e2e_pod.py.
 _DEFAULT = tiny_cpu.get_config()
@@ -100,6 +102,9 @@ def test_rl_option_runs_end_to_end(tmp_path, name):
     # update alone); the second step's has moved from it, and the penalty is in the loss.
     if arm.get("train.mini_batches", 1) == 1:
       assert abs(train[0]["policy/kl_ref"]) < 1e-6
+      # One update a step: step 2's KL is step 1's update, so step 1 must have made one (else
+      # the KL below is float rounding at best).
+      assert train[0]["optim/update_norm"] > 0, "step 1 updated nothing: no KL to see at step 2"
     assert abs(train[1]["policy/kl_ref"]) > 0
     if arm.get("rl.loss_reduction") == "token_mean":   # loss and metrics weigh tokens alike
       for r in train:
