@@ -297,9 +297,10 @@ def token_logprobs(cfg: ModelConfig, params, hidden, targets, temperature: float
   The gradient is written by hand (`_head_logprobs`): it keeps the hidden states, the entropy
   and the log-sum-exp and recomputes the float32 logits in the backward pass, where autodiff
   would keep the [positions, vocab] float32 log-softmax from the forward pass to the backward
-  (at 32k tokens of vocabulary, 128 KiB a position). With `cfg.logits_chunk > 0` the vocabulary-sized logits
-  exist for one block of positions at a time, forward and backward: at 248k tokens of
-  vocabulary they would otherwise be the largest activation of a long-context step.
+  (at 32k tokens of vocabulary, 128 KiB a position). With `cfg.logits_chunk > 0` the
+  vocabulary-sized logits exist for one block of positions at a time, forward and backward: at
+  248k tokens of vocabulary they would otherwise be the largest activation of a long-context
+  step.
   """
   w = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
   if isinstance(temperature, jax.core.Tracer):   # a traced temperature: plain autodiff
