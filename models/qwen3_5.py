@@ -327,6 +327,12 @@ def token_logprobs(cfg: ModelConfig, params, hidden, targets, temperature: float
   return unblock(lp), unblock(ent)
 
 
+def _head_logits(temperature, h, w):
+  """float32 logits / temperature (`logits_from_hidden`'s matmul): the forward's, and the
+  backward's recomputation."""
+  return jnp.dot(h, w, preferred_element_type=jnp.float32) / temperature
+
+
 def _head_stats(temperature, h, w, targets):
   """(log p(target), entropy, log-sum-exp) [...] of z = h @ w / temperature, float32.
 
@@ -335,7 +341,7 @@ def _head_stats(temperature, h, w, targets):
   makes them one kernel: the [.., vocab] logits are read twice (max, then both sums), where
   log_softmax followed by the entropy's sum over p log p reads them three times (the slice of
   35B-A3B on one H200: 16 GB of float32 logits a micro-batch, compiler figures)."""
-  z = jnp.dot(h, w, preferred_element_type=jnp.float32) / temperature  # = logits_from_hidden / T
+  z = _head_logits(temperature, h, w)
   m = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
   e = jnp.exp(z - m)
   s0 = jnp.sum(e, axis=-1)
@@ -370,7 +376,7 @@ def _head_logprobs_bwd(temperature, residuals, cotangents):
   activations (the CPU default) nothing changes."""
   h, w, targets, entropy, lse = residuals
   g_picked, g_entropy = cotangents
-  logp = jnp.dot(h, w, preferred_element_type=jnp.float32) / temperature - lse[..., None]
+  logp = _head_logits(temperature, h, w) - lse[..., None]
   p = jnp.exp(logp)
   onehot = jnp.arange(logp.shape[-1]) == targets[..., None]
   dz = (jnp.where(onehot, g_picked[..., None], 0.0) - p * g_picked[..., None]

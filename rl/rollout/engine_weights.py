@@ -113,10 +113,11 @@ class EngineWeights:
     self._abstract_held = jax.eval_shape(self._held, self._abstract_params)
     self._param_shardings = self._held_shardings = None
     if mesh is not None:
-      axes = qwen3_5.param_axes(cfg)
-      self._param_shardings = sharding.tree_shardings(axes, self._abstract_params, mesh, rules)
-      self._held_shardings = sharding.tree_shardings(
-          qwen3_5.param_axes(self.held_cfg), self._abstract_held, mesh, rules)
+      self._param_shardings = sharding.tree_shardings(qwen3_5.param_axes(cfg),
+                                                      self._abstract_params, mesh, rules)
+      self._held_shardings = self._param_shardings if not self._unscan else (
+          sharding.tree_shardings(qwen3_5.param_axes(self.held_cfg), self._abstract_held,
+                                  mesh, rules))
     # Placed exactly as `served` will place new weights, so a swap never recompiles.
     if abstract_on is not None:
       params = self.params_target()
@@ -226,11 +227,12 @@ class EngineWeights:
              else jax.local_devices()[0])
     if not self._unscan:
       return _put(params, where)
-    at = lambda key, i=None: (where if not isinstance(where, dict)
-                              else where[key] if i is None else where[key][i])
-    out = {key: _put(v, at(key)) for key, v in params.items() if key != "blocks"}
-    out["blocks"] = tuple(_put(qwen3_5.unscanned_layer(self.cfg, params, i), at("blocks", i))
-                          for i in range(self.cfg.num_hidden_layers))
+    one = not isinstance(where, dict)   # one device: every leaf goes there
+    rest = {key: v for key, v in params.items() if key != "blocks"}
+    out = _put(rest, where if one else {key: where[key] for key in rest})
+    out["blocks"] = tuple(
+        _put(qwen3_5.unscanned_layer(self.cfg, params, i), where if one else where["blocks"][i])
+        for i in range(self.cfg.num_hidden_layers))
     return out
 
 
