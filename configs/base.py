@@ -89,6 +89,7 @@ def get_config() -> ml_collections.ConfigDict:
       ("activation_length", None),
       ("activation_embed", None),
       ("activation_heads", "tensor"),   # per-head activations of the sequence mixers (Gated DeltaNet)
+      ("activation_vocab", "tensor"),  # the LM head's logits, split by vocabulary (models/qwen3_5.py)
       ("vocab", "tensor"),
       ("heads", "tensor"),
       ("kv_heads", "tensor"),

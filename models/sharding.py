@@ -101,12 +101,16 @@ def context_parallel_rules(rules: Iterable, axes) -> Rules:
   position would pass its state from device to device at every chunk (GSPMD gathers the whole
   sequence at each step of the chunk scan instead). Its per-head tensors are split by head over
   the same `axes` instead (`activation_heads`; all-to-alls in and out of the recurrence, as in
-  DeepSpeed-Ulysses): each device runs whole rows of its heads."""
+  DeepSpeed-Ulysses): each device runs whole rows of its heads. The LM head's logits are split
+  by vocabulary over them too (`activation_vocab`): each device takes a block of positions
+  whole and its share of the vocabulary."""
   axes = (axes,) if isinstance(axes, str) else tuple(axes)
   batch = tuple(a for a in rule_axes(rules, "batch") if a not in axes)
-  heads = axes + tuple(a for a in rule_axes(rules, "activation_heads") if a not in axes)
+  split = lambda name: _rule_target(axes + tuple(a for a in rule_axes(rules, name)
+                                                 if a not in axes))
   return with_targets(rules, batch=_rule_target(batch), activation_length=_rule_target(axes),
-                       activation_heads=_rule_target(heads))
+                       activation_heads=split("activation_heads"),
+                       activation_vocab=split("activation_vocab"))
 
 
 def without_context_parallel(rules: Iterable) -> Rules:
@@ -119,9 +123,10 @@ def without_context_parallel(rules: Iterable) -> Rules:
     return rules_from_config(rules)
   batch = rule_axes(rules, "batch")
   batch += tuple(a for a in length if a not in batch)
-  heads = tuple(a for a in rule_axes(rules, "activation_heads") if a not in length)
+  rest = lambda name: _rule_target(tuple(a for a in rule_axes(rules, name) if a not in length))
   return with_targets(rules, batch=_rule_target(batch), activation_length=None,
-                       activation_heads=_rule_target(heads))
+                       activation_heads=rest("activation_heads"),
+                       activation_vocab=rest("activation_vocab"))
 
 
 def with_targets(rules: Iterable, **targets) -> Rules:

@@ -72,6 +72,16 @@ def token_groups(shape) -> tuple[tuple, int, int]:
   return axes, size(spec[0]), size(spec[1])
 
 
+def split_ways(logical: str) -> int:
+  """Over how many devices the current mesh and logical rules split the logical axis
+  `logical` (1 without a mesh, or inside a `shard_map` over every mesh axis)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or inside_shard_map():
+    return 1
+  rules = sharding.rules_from_config(nn.get_logical_axis_rules())
+  return math.prod(mesh.shape[a] for a in sharding.rule_axes(rules, logical))
+
+
 def normal(key, shape, std, dtype):
   return (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
 
@@ -90,7 +100,9 @@ def after(x, dep):
   on `dep`'s first element compared with +inf, False for every value, NaN included.
   """
   x, dep = jax.lax.optimization_barrier((x, dep))
-  never = jnp.ravel(jax.tree.leaves(dep)[0])[0].astype(jnp.float32) > jnp.inf
+  leaf = jax.tree.leaves(dep)[0]
+  # Indexed, not raveled: flattening an array split over devices gathers it whole first.
+  never = leaf[(0,) * leaf.ndim].astype(jnp.float32) > jnp.inf
   return jax.tree.map(lambda a: jnp.where(never, jnp.zeros_like(a), a), x)
 
 

@@ -19,6 +19,7 @@ Params (shapes with logical names):
   out_proj    [gdn_value, embed]
 """
 import functools
+import itertools
 import math
 
 import jax
@@ -289,14 +290,30 @@ def recurrent_delta_rule(q, k, v, g, beta, state):
 def _causal_conv(x, conv_state, weight):
   """Depthwise causal conv with SiLU.
 
-  x [b, t, ch]; conv_state [b, kernel-1, ch], the inputs just before x (zeros at the start).
-  Returns the activations [b, t, ch] and the padded input [b, kernel-1+t, ch].
+  x [b, t, *ch]; conv_state [b, kernel-1, *ch], the inputs just before x (zeros at the start);
+  weight [kernel, *ch]. Returns the activations [b, t, *ch] and the padded input [b,
+  kernel-1+t, *ch].
   """
   kernel = weight.shape[0]
   xp = jnp.concatenate([conv_state.astype(x.dtype), x], axis=1)
   t = x.shape[1]
   out = sum(xp[:, j:j + t] * weight[j].astype(x.dtype) for j in range(kernel))
   return jax.nn.silu(out), xp
+
+
+def _split_channels(a, shapes):
+  """a [..., conv_dim] (the conv's weight or state) -> its q, k and v channels, [..., heads,
+  head_dim] each with `shapes` ((heads, head_dim) of q, k and v)."""
+  cuts = list(itertools.accumulate(n * d for n, d in shapes))[:-1]
+  return [c.reshape(*c.shape[:-1], n, d) for c, (n, d) in zip(jnp.split(a, cuts, axis=-1),
+                                                              shapes)]
+
+
+def _causal_conv_heads(parts, conv_states, weights):
+  """`_causal_conv` of each of q, k, v [b, t, heads, head_dim] with its channels' state and
+  weight: ([activations], [padded inputs])."""
+  outs = [_causal_conv(x, c, w) for x, c, w in zip(parts, conv_states, weights)]
+  return [o for o, _ in outs], [pad for _, pad in outs]
 
 
 def forward(p, x, cfg: ModelConfig, state=None, lengths=None, rule: str = "chunked",
@@ -322,17 +339,21 @@ def forward(p, x, cfg: ModelConfig, state=None, lengths=None, rule: str = "chunk
   """
   dt = cfg.jnp_dtype
   x = x.astype(dt)
-  qkv = common.dense(x, p["in_proj_qkv"], dt)
-  z = common.dense(x, p["in_proj_z"], dt)
-  beta_in = common.dense(x, p["in_proj_b"], dt)
-  a = common.dense(x, p["in_proj_a"], dt)
+  # The projections in and out run where the row's positions are (split by position under
+  # context parallelism) and only their outputs change layout (all-to-alls, split by head in
+  # `_mix`): left to itself, XLA gathered each layer's input x whole instead, and in the backward
+  # pass the head-split cotangents (35B-A3B's step on 16 H200: ~19k GiB of all-gathers a GPU,
+  # compiler figures).
+  rows = ("batch", "activation_length", None)
+  qkv, z, beta_in, a = (common.constrain(common.dense(x, p[k], dt), rows)
+                        for k in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"))
   mix_params = {k: p[k] for k in ("conv", "A_log", "dt_bias", "norm")}
   mix = functools.partial(_mix, cfg=cfg, rule=rule)
   if recompute:
     mix = common.recompute(mix)
   mix_state = state if layer is None else {"conv": state["conv"][layer], "ssm": state["ssm"]}
   out, conv_state, ssm = mix(mix_params, qkv, z, beta_in, a, mix_state, lengths, layer)
-  out = common.dense(out, p["out_proj"], dt)
+  out = common.dense(common.constrain(out, rows), p["out_proj"], dt)
   conv_dtype = dt if state is None else state["conv"].dtype
   conv_state = conv_state.astype(conv_dtype)
   if layer is not None:
@@ -372,30 +393,46 @@ def _mix(p, qkv, z, beta_in, a, state, lengths, layer, cfg: ModelConfig, rule: s
   a = a.astype(jnp.float32)
   g = -jnp.exp(p["A_log"].astype(jnp.float32)) * jax.nn.softplus(a + p["dt_bias"].astype(jnp.float32))
 
+  # Whole rows, split by head (models/sharding.context_parallel_rules): the chunk scan below
+  # walks the row, which must not be split by position. q, k and v move there each on its own,
+  # in the activation dtype, before the conv (depthwise: a head's channels are its own) and
+  # before anything float32: moved after the conv, XLA sent float32 intermediates of the delta
+  # rule and blocks of the conv's channels that match no head between devices. Each q/k head
+  # serves nv/nk consecutive value heads: repeated after the move where the devices split the
+  # key heads evenly (each repeats its own), before it where they do not (397B-A17B's 16 over
+  # 64 devices: the uneven split cost ~14k GiB of float32 permutes a GPU a step, compiler
+  # figures). The conv and the l2 norm act head by head: where the repeat happens changes no
+  # value.
+  heads = ("batch", None, "activation_heads")
+  rows = ("batch", "activation_length", None, None)
+  repeat = nv // nk if nk % common.split_ways("activation_heads") else 1
+  widen = lambda x: jnp.repeat(x, repeat, axis=-2) if repeat > 1 else x
+  shapes = ((nk, dk), (nk, dk), (nv, dv))
+  q, k, v = _split_channels(qkv, shapes)
+  parts = [common.constrain(common.constrain(x, rows), heads + (None,))
+           for x in (widen(q), widen(k), v)]
+  conv_in = [[widen(x[0]), widen(x[1]), x[2]] for x in (_split_channels(state["conv"], shapes),
+                                                        _split_channels(p["conv"], shapes))]
   # The conv and the output norm are recomputed where their gradients are taken (after the
   # delta rule's backward): their own intermediates (the shifted taps, the float32 norm terms)
   # never coexist with the delta rule's (the ~1B layer's backward on XLA:CPU: 175 -> 154 KiB
   # a token at its peak; XLA:GPU's fusions kept none of them there already).
-  qkv, padded_in = common.recompute(_causal_conv)(qkv, state["conv"], p["conv"])
+  (q, k, v), padded_in = common.recompute(_causal_conv_heads)(parts, *conv_in)
+  # The conv's state keeps each q/k channel once.
+  padded_in = [x[:, :, ::repeat] for x in padded_in[:2]] + padded_in[2:]
   if lengths is None:
-    conv_state = padded_in[:, t:]
+    conv_state = [x[:, t:] for x in padded_in]
   else:  # the kernel-1 inputs ending at each row's last valid token
-    idx = lengths[:, None] + jnp.arange(kernel - 1)[None, :]
-    conv_state = jnp.take_along_axis(padded_in, idx[..., None], axis=1)
+    idx = (lengths[:, None] + jnp.arange(kernel - 1)[None, :])[..., None, None]
+    conv_state = [jnp.take_along_axis(x, idx, axis=1) for x in padded_in]
     valid = (jnp.arange(t)[None, :] < lengths[:, None]).astype(jnp.float32)[..., None]
     g, beta = g * valid, beta * valid
+  conv_state = jnp.concatenate([x.reshape(b, kernel - 1, -1) for x in conv_state], axis=-1)
 
-  q, k, v = jnp.split(qkv, [cfg.gdn_key_dim, 2 * cfg.gdn_key_dim], axis=-1)
-  q = q.reshape(b, t, nk, dk).astype(jnp.float32)
-  k = k.reshape(b, t, nk, dk).astype(jnp.float32)
-  v = v.reshape(b, t, nv, dv).astype(jnp.float32)
-  # Each q/k head serves nv/nk consecutive value heads.
-  q = jnp.repeat(_l2norm(q), nv // nk, axis=2) * (dk ** -0.5)
-  k = jnp.repeat(_l2norm(k), nv // nk, axis=2)
-  # Whole rows, split by head (models/sharding.context_parallel_rules): the chunk scan below
-  # walks the row, which must not be split by position.
-  heads = ("batch", None, "activation_heads")
-  q, k, v = (common.constrain(a, heads + (None,)) for a in (q, k, v))
+  q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
+  q = jnp.repeat(_l2norm(q), nv // nk // repeat, axis=2) * (dk ** -0.5)
+  k = jnp.repeat(_l2norm(k), nv // nk // repeat, axis=2)
+  q, k, v = (common.constrain(x, heads + (None,)) for x in (q, k, v))
   g, beta = common.constrain(g, heads), common.constrain(beta, heads)
   z = common.constrain(z, heads + (None,))
   if rule == "chunked":
@@ -416,4 +453,7 @@ def _mix(p, qkv, z, beta_in, a, state, lengths, layer, cfg: ModelConfig, rule: s
     raise ValueError(f"unknown delta rule form {rule!r}")
   out = common.recompute(functools.partial(norm.gated_rms_norm, eps=cfg.rms_norm_eps))(
       out.astype(dt), z, p["norm"])
+  # Normed here, split by head, and only then back to a row split by position (`forward`):
+  # otherwise XLA moved the delta rule's float32 output across devices and normed it there.
+  out = common.constrain(out, heads + (None,))
   return out.reshape(b, t, nv * dv), conv_state, ssm

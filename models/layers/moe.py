@@ -549,23 +549,31 @@ def _ungroup_tokens(y, b: int, s: int, groups_b: int, groups_s: int):
   return jnp.swapaxes(y, 1, 2).reshape(b, s, *rest)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
-def gather_whole(w, dt, whole_axes: tuple, own_axes: tuple):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
+def gather_whole(w, dt, whole_axes: tuple, own_axes: tuple, summed_over: tuple = ()):
   """w in `dt`, laid out by the logical `whole_axes` (e.g. every expert on every device); its
   gradient goes back in w's dtype laid out by `own_axes` (the parameter's own), i.e. summed
   over the devices where it arises. Left to itself, XLA kept each device's whole float32
   gradient of every layer's experts until after the layer scan: [cycles, experts, embed,
   expert_mlp], 10 GiB a matrix for 35B-A3B, 14 of them on an H200 target (compiler figures,
-  docs/results.md)."""
+  docs/results.md). `summed_over`: the mesh axes over which the devices' gradients are summed
+  (the token groups'); the sum is first split by expert over them, a reduce-scatter, where
+  XLA:GPU otherwise all-reduced the whole [experts, ...] gradient and kept each device's part
+  (twice the bytes over the links; 35B-A3B's RL step on 16 H200: 15k GiB of float32
+  all-reduces a GPU a step, compiler figures)."""
   return common.constrain(w.astype(dt), whole_axes)
 
 
-def _gather_whole_fwd(w, dt, whole_axes, own_axes):
-  return gather_whole(w, dt, whole_axes, own_axes), jnp.zeros((0,), w.dtype)
+def _gather_whole_fwd(w, dt, whole_axes, own_axes, summed_over):
+  return gather_whole(w, dt, whole_axes, own_axes, summed_over), jnp.zeros((0,), w.dtype)
 
 
-def _gather_whole_bwd(dt, whole_axes, own_axes, like, g):
-  return (common.constrain(g.astype(like.dtype), own_axes),)
+def _gather_whole_bwd(dt, whole_axes, own_axes, summed_over, like, g):
+  g = g.astype(like.dtype)
+  if summed_over and g.shape[0] % math.prod(
+      jax.sharding.get_abstract_mesh().shape[a] for a in summed_over) == 0:
+    g = jax.lax.with_sharding_constraint(g, PartitionSpec(summed_over))
+  return (common.constrain(g, own_axes),)
 
 
 gather_whole.defvjp(_gather_whole_fwd, _gather_whole_bwd)
@@ -580,7 +588,7 @@ def _routed_grouped(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
   # stays); their gradients back to the experts' own layout at once (`gather_whole`).
   own = axes_of_experts()
   experts_w = {k: gather_whole(p[k], cfg.jnp_dtype, (None, None, "expert_mlp") if k != "wo"
-                               else (None, "expert_mlp", None), own[k])
+                               else (None, "expert_mlp", None), own[k], axes)
                for k in ("wi_gate", "wi_up", "wo")}
 
   def one_group(x):
@@ -713,7 +721,8 @@ def forward(p, x, cfg: ModelConfig, layer=None):
   layer's in place, where a slice of the stack would be copied out first."""
   b, s, h = x.shape
   dt = cfg.jnp_dtype
-  flat = x.reshape(b * s, h).astype(dt)
+  x = x.astype(dt)
+  flat = x.reshape(b * s, h)
   axes, groups_b, groups_s = common.token_groups(x.shape)
   dispatch = dispatch_of(cfg)
   mesh = jax.sharding.get_abstract_mesh()
@@ -732,9 +741,14 @@ def forward(p, x, cfg: ModelConfig, layer=None):
       logits, weights, experts = route(p["router"], flat, cfg)
     with jax.named_scope("routed"):
       out = routed_experts(p, flat, weights, experts, cfg, layer)
+  out = out.reshape(b, s, h)
   if cfg.shared_expert_intermediate_size:
+    # On x [batch, seq, embed], not the flattened tokens: a row split by position (context
+    # parallelism) has no layout as [batch * seq] that XLA keeps, and on the flattened tokens it
+    # summed every row's whole [tokens, mlp] over devices (35B-A3B's step on 16 H200: 8k GiB of
+    # all-reduces a GPU, compiler figures).
     with jax.named_scope("shared"):
-      shared = swiglu(p, flat, dt, prefix="shared_")
-      scale = jax.nn.sigmoid(common.dense(flat, p["shared_expert_gate"][:, None], dt))
+      shared = swiglu(p, x, dt, prefix="shared_")
+      scale = jax.nn.sigmoid(common.dense(x, p["shared_expert_gate"][:, None], dt))
     out = out + scale * shared
-  return out.reshape(b, s, h), logits
+  return out, logits

@@ -78,13 +78,15 @@ def test_context_parallel_rules_split_rows_over_the_named_axes_and_batch_over_th
   cp2 = dict(sharding.context_parallel_rules(rules, ("fsdp", "expert")))
   assert cp2["activation_length"] == ("fsdp", "expert") and cp2["batch"] == "data"
   # Everything else (the parameters' layout) is unchanged.
-  assert {k: v for k, v in cp.items() if k not in ("batch", "activation_length", "activation_heads")} == {
-      k: v for k, v in dict(sharding.rules_from_config(rules)).items()
-      if k not in ("batch", "activation_length", "activation_heads")}
+  moved = ("batch", "activation_length", "activation_heads", "activation_vocab")
+  assert {k: v for k, v in cp.items() if k not in moved} == {
+      k: v for k, v in dict(sharding.rules_from_config(rules)).items() if k not in moved}
   # And back to whole rows (the rollout engine's layout): the same axes, batch in a new order.
   rows = dict(sharding.without_context_parallel(sharding.context_parallel_rules(rules, ("fsdp", "expert"))))
   assert rows["activation_length"] is None and rows["batch"] == ("data", "fsdp", "expert")
   assert sharding.without_context_parallel(rules) == sharding.rules_from_config(rules)
-  # The sequence mixers' heads go over the split axes and the tensor axis (and back).
-  assert cp2["activation_heads"] == ("fsdp", "expert", "tensor")
-  assert rows["activation_heads"] == "tensor"
+  # The sequence mixers' heads and the LM head's vocabulary go over the split axes and the
+  # tensor axis (and back).
+  for name in ("activation_heads", "activation_vocab"):
+    assert cp2[name] == ("fsdp", "expert", "tensor")
+    assert rows[name] == "tensor"
