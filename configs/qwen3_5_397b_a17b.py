@@ -16,7 +16,7 @@ heads cannot split and XLA holds whole rows of them, 130 GiB a chip), 4 rows a m
 over `data`, and the weights FSDP over `data` x `fsdp` x `expert` (an expert weight over `data` x
 `fsdp`, its experts over `expert`).
 On 64 H200s the step does not fit (205.8 GiB a GPU compiled, 69.7 of them float32 masters and
-AdamW moments); the layout `h200x128`, 16 nodes of 8 H200, fits (110.6 GiB of 141):
+AdamW moments); the layout `h200x128`, 16 nodes of 8 H200, fits (108.8 GiB of 141):
 
   python launch.py --mode=compile --config=configs/qwen3_5_397b_a17b.py:h200x128 --config.compile.target=h200:16x8
 

@@ -361,6 +361,48 @@ def forward(p, x, cfg: ModelConfig, state=None, lengths=None, rule: str = "chunk
   return out, {"conv": conv_state, "ssm": ssm}
 
 
+def _conv_by_head(qkv, conv_state, conv_w, lengths, cfg: ModelConfig):
+  """The causal conv of q, k and v (qkv [b, t, conv_dim]), each as [b, t, heads, head_dim]
+  laid out as whole rows split by head. Returns ([q, k, v], the conv state [b, kernel-1,
+  conv_dim] at each row's length, how many times each q/k head was repeated here).
+
+  Whole rows, split by head (models/sharding.context_parallel_rules): the chunk scan after it
+  walks the row, which must not be split by position. q, k and v move there each on its own,
+  in the activation dtype, before the conv (depthwise: a head's channels are its own) and
+  before anything float32: moved after the conv, XLA sent float32 intermediates of the delta
+  rule and blocks of the conv's channels that match no head between devices. Each q/k head
+  serves nv/nk consecutive value heads: repeated after the move where the devices split the
+  key heads evenly (each repeats its own), here, before it, where they do not (397B-A17B's 16
+  over 64 devices: the uneven split cost ~14k GiB of float32 permutes a GPU a step, compiler
+  figures). The conv acts head by head: where the repeat happens changes no value."""
+  b, t, _ = qkv.shape
+  nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+  kernel = cfg.linear_conv_kernel_dim
+  heads = ("batch", None, "activation_heads", None)
+  rows = ("batch", "activation_length", None, None)
+  repeat = nv // nk if nk % common.split_ways("activation_heads") else 1
+  widen = lambda x: jnp.repeat(x, repeat, axis=-2) if repeat > 1 else x
+  shapes = ((nk, cfg.linear_key_head_dim), (nk, cfg.linear_key_head_dim),
+            (nv, cfg.linear_value_head_dim))
+  q, k, v = _split_channels(qkv, shapes)
+  parts = [common.constrain(common.constrain(x, rows), heads) for x in (widen(q), widen(k), v)]
+  conv_in = [[widen(x[0]), widen(x[1]), x[2]] for x in (_split_channels(conv_state, shapes),
+                                                        _split_channels(conv_w, shapes))]
+  # Recomputed where its gradient is taken (after the delta rule's backward): its own
+  # intermediates (the shifted taps) never coexist with the delta rule's (the ~1B layer's
+  # backward on XLA:CPU: 175 -> 154 KiB a token at its peak, with the output norm's; XLA:GPU's
+  # fusions kept none of them there already).
+  out, padded_in = common.recompute(_causal_conv_heads)(parts, *conv_in)
+  # The conv's state keeps each q/k channel once.
+  padded_in = [x[:, :, ::repeat] for x in padded_in[:2]] + padded_in[2:]
+  if lengths is None:
+    ends = [x[:, t:] for x in padded_in]
+  else:  # the kernel-1 inputs ending at each row's last valid token
+    idx = (lengths[:, None] + jnp.arange(kernel - 1)[None, :])[..., None, None]
+    ends = [jnp.take_along_axis(x, idx, axis=1) for x in padded_in]
+  return out, jnp.concatenate([x.reshape(b, kernel - 1, -1) for x in ends], axis=-1), repeat
+
+
 def _mix(p, qkv, z, beta_in, a, state, lengths, layer, cfg: ModelConfig, rule: str):
   """Everything between the input projections and out_proj, one function so that `forward`
   can rematerialise it whole.
@@ -393,43 +435,14 @@ def _mix(p, qkv, z, beta_in, a, state, lengths, layer, cfg: ModelConfig, rule: s
   a = a.astype(jnp.float32)
   g = -jnp.exp(p["A_log"].astype(jnp.float32)) * jax.nn.softplus(a + p["dt_bias"].astype(jnp.float32))
 
-  # Whole rows, split by head (models/sharding.context_parallel_rules): the chunk scan below
-  # walks the row, which must not be split by position. q, k and v move there each on its own,
-  # in the activation dtype, before the conv (depthwise: a head's channels are its own) and
-  # before anything float32: moved after the conv, XLA sent float32 intermediates of the delta
-  # rule and blocks of the conv's channels that match no head between devices. Each q/k head
-  # serves nv/nk consecutive value heads: repeated after the move where the devices split the
-  # key heads evenly (each repeats its own), before it where they do not (397B-A17B's 16 over
-  # 64 devices: the uneven split cost ~14k GiB of float32 permutes a GPU a step, compiler
-  # figures). The conv and the l2 norm act head by head: where the repeat happens changes no
-  # value.
   heads = ("batch", None, "activation_heads")
-  rows = ("batch", "activation_length", None, None)
-  repeat = nv // nk if nk % common.split_ways("activation_heads") else 1
-  widen = lambda x: jnp.repeat(x, repeat, axis=-2) if repeat > 1 else x
-  shapes = ((nk, dk), (nk, dk), (nv, dv))
-  q, k, v = _split_channels(qkv, shapes)
-  parts = [common.constrain(common.constrain(x, rows), heads + (None,))
-           for x in (widen(q), widen(k), v)]
-  conv_in = [[widen(x[0]), widen(x[1]), x[2]] for x in (_split_channels(state["conv"], shapes),
-                                                        _split_channels(p["conv"], shapes))]
-  # The conv and the output norm are recomputed where their gradients are taken (after the
-  # delta rule's backward): their own intermediates (the shifted taps, the float32 norm terms)
-  # never coexist with the delta rule's (the ~1B layer's backward on XLA:CPU: 175 -> 154 KiB
-  # a token at its peak; XLA:GPU's fusions kept none of them there already).
-  (q, k, v), padded_in = common.recompute(_causal_conv_heads)(parts, *conv_in)
-  # The conv's state keeps each q/k channel once.
-  padded_in = [x[:, :, ::repeat] for x in padded_in[:2]] + padded_in[2:]
-  if lengths is None:
-    conv_state = [x[:, t:] for x in padded_in]
-  else:  # the kernel-1 inputs ending at each row's last valid token
-    idx = (lengths[:, None] + jnp.arange(kernel - 1)[None, :])[..., None, None]
-    conv_state = [jnp.take_along_axis(x, idx, axis=1) for x in padded_in]
+  (q, k, v), conv_state, repeat = _conv_by_head(qkv, state["conv"], p["conv"], lengths, cfg)
+  if lengths is not None:
     valid = (jnp.arange(t)[None, :] < lengths[:, None]).astype(jnp.float32)[..., None]
     g, beta = g * valid, beta * valid
-  conv_state = jnp.concatenate([x.reshape(b, kernel - 1, -1) for x in conv_state], axis=-1)
 
   q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
+  # Each q/k head serves nv/nk consecutive value heads (repeated here unless it was already).
   q = jnp.repeat(_l2norm(q), nv // nk // repeat, axis=2) * (dk ** -0.5)
   k = jnp.repeat(_l2norm(k), nv // nk // repeat, axis=2)
   q, k, v = (common.constrain(x, heads + (None,)) for x in (q, k, v))
@@ -451,6 +464,8 @@ def _mix(p, qkv, z, beta_in, a, state, lengths, layer, cfg: ModelConfig, rule: s
     out, ssm = recurrent_delta_rule(q, k, v, g, beta, state["ssm"])
   else:
     raise ValueError(f"unknown delta rule form {rule!r}")
+  # Recomputed where its gradient is taken, as the conv is (`_conv_by_head`): its float32
+  # terms never coexist with the delta rule's intermediates.
   out = common.recompute(functools.partial(norm.gated_rms_norm, eps=cfg.rms_norm_eps))(
       out.astype(dt), z, p["norm"])
   # Normed here, split by head, and only then back to a row split by position (`forward`):
