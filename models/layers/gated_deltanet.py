@@ -378,12 +378,20 @@ def _conv_by_head(qkv, conv_state, conv_w, lengths, cfg: ModelConfig):
   b, t, _ = qkv.shape
   nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
   kernel = cfg.linear_conv_kernel_dim
+  shapes = ((nk, cfg.linear_key_head_dim), (nk, cfg.linear_key_head_dim),
+            (nv, cfg.linear_value_head_dim))
+  idx = None if lengths is None else (lengths[:, None] + jnp.arange(kernel - 1)[None, :])
+  if common.split_ways("activation_heads") == 1 and common.split_ways("activation_length") == 1:
+    # Nothing to move: one conv over all the channels (three took 253 more kernels in the ~1B
+    # model's step on an H200 and 2 GiB more temporaries on XLA:CPU).
+    out, padded_in = common.recompute(_causal_conv)(qkv, conv_state, conv_w)
+    ends = (padded_in[:, t:] if idx is None
+            else jnp.take_along_axis(padded_in, idx[..., None], axis=1))
+    return _split_channels(out, shapes), ends, 1
   heads = ("batch", None, "activation_heads", None)
   rows = ("batch", "activation_length", None, None)
   repeat = nv // nk if nk % common.split_ways("activation_heads") else 1
   widen = lambda x: jnp.repeat(x, repeat, axis=-2) if repeat > 1 else x
-  shapes = ((nk, cfg.linear_key_head_dim), (nk, cfg.linear_key_head_dim),
-            (nv, cfg.linear_value_head_dim))
   q, k, v = _split_channels(qkv, shapes)
   parts = [common.constrain(common.constrain(x, rows), heads) for x in (widen(q), widen(k), v)]
   conv_in = [[widen(x[0]), widen(x[1]), x[2]] for x in (_split_channels(conv_state, shapes),
@@ -395,11 +403,10 @@ def _conv_by_head(qkv, conv_state, conv_w, lengths, cfg: ModelConfig):
   out, padded_in = common.recompute(_causal_conv_heads)(parts, *conv_in)
   # The conv's state keeps each q/k channel once.
   padded_in = [x[:, :, ::repeat] for x in padded_in[:2]] + padded_in[2:]
-  if lengths is None:
+  if idx is None:
     ends = [x[:, t:] for x in padded_in]
   else:  # the kernel-1 inputs ending at each row's last valid token
-    idx = (lengths[:, None] + jnp.arange(kernel - 1)[None, :])[..., None, None]
-    ends = [jnp.take_along_axis(x, idx, axis=1) for x in padded_in]
+    ends = [jnp.take_along_axis(x, idx[..., None, None], axis=1) for x in padded_in]
   return out, jnp.concatenate([x.reshape(b, kernel - 1, -1) for x in ends], axis=-1), repeat
 
 
