@@ -1,5 +1,6 @@
 """Shared setups of the GPU kernels' tests (models/layers/*_fused.py): an 8-CPU-device mesh,
-and the whole model decoding under each value of one setting."""
+and the whole model decoding under each value of one setting; and of the context-parallel
+tests: a gradient on one device and on rows split by position."""
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
@@ -40,3 +41,13 @@ def decode_each_way(setting: str, values) -> dict:
       logits.append(out)
     runs[value] = (logits, cache)
   return runs
+
+
+def one_device_and_split_rows(grad, params, x, mesh, rules):
+  """(grad(params, x) on one device, the same with x's rows split by position over `mesh`
+  under `rules`, that program's compiled HLO text)."""
+  want = grad(params, x)
+  with sharding.use_mesh(mesh, rules):
+    spec = sharding.logical_to_spec(("batch", "activation_length", None), rules, mesh, x.shape)
+    xs = jax.device_put(x, NamedSharding(mesh, spec))
+    return want, grad(params, xs), grad.lower(params, xs).compile().as_text()

@@ -17,6 +17,9 @@ from models import hf_io
 from models import qwen3_5
 from models import sharding
 from models.layers import attention
+from models.layers import gated_deltanet
+from models.layers import moe
+from tests.models import kernel_checks
 
 
 def _tiny(**kw):
@@ -516,8 +519,6 @@ def test_under_context_parallelism_no_layer_moves_a_whole_micro_batchs_activatio
   gathered the whole rows it took flattened, and the Gated DeltaNet gathered its input x whole
   for the projections (on 16 H200s, compiler figures: 95k, 8k and 19k GiB a GPU a step of
   35B-A3B's RL step)."""
-  from jax.sharding import NamedSharding
-  from models.layers import gated_deltanet, moe
   c = base.get_config()
   c.mesh.shape = (1, 2, 4, 1)
   rules = sharding.context_parallel_rules(sharding.rules_from_config(c.mesh.rules),
@@ -542,12 +543,7 @@ def test_under_context_parallelism_no_layer_moves_a_whole_micro_batchs_activatio
              "moe": (lambda p, x: squares(moe.forward(p, x, cfg)[0]), layer["ffn"]),
              "gated_deltanet": (gdn_loss, layer["mixer"])}[part]
   grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
-  want = grad(p, x)
-  with sharding.use_mesh(mesh, rules):
-    spec = sharding.logical_to_spec(("batch", "activation_length", None), rules, mesh, x.shape)
-    xs = jax.device_put(x, NamedSharding(mesh, spec))
-    got = grad(p, xs)
-    hlo = grad.lower(p, xs).compile().as_text()
+  want, got, hlo = kernel_checks.one_device_and_split_rows(grad, p, x, mesh, rules)
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(g, w, atol=1e-5 * max(1.0, float(jnp.abs(w).max())))
   assert _largest_collective(hlo) < x.size, _largest_collective(hlo)

@@ -8,6 +8,7 @@ from jax._src.ad_checkpoint import saved_residuals
 from configs import base
 from models import qwen3_5
 from models.layers import attention
+from tests.models import kernel_checks
 
 
 def _cfg(**kw):
@@ -161,7 +162,6 @@ def test_query_chunks_under_context_parallelism_stay_on_their_devices():
   with the loop's steps (each step takes chunk / 4 queries of every device's part; keys and
   values are gathered once for the loop, not at every step), also where a device's part is no
   multiple of its share of the chunk."""
-  from jax.sharding import NamedSharding
   from models import aot
   from models import sharding
   c = base.get_config()
@@ -177,12 +177,7 @@ def test_query_chunks_under_context_parallelism_stay_on_their_devices():
     params, x, positions = _inputs(cfg, batch=2, seq=seq)
     loss = lambda p, x: jnp.sum(attention.forward(p, x, positions, cfg)[0] ** 2)
     grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
-    ref = grad(params, x)
-    with sharding.use_mesh(mesh, rules):
-      spec = sharding.logical_to_spec(("batch", "activation_length", None), rules, mesh, x.shape)
-      xs = jax.device_put(x, NamedSharding(mesh, spec))
-      got = grad(params, xs)
-      hlo = grad.lower(params, xs).compile().as_text()
+    ref, got, hlo = kernel_checks.one_device_and_split_rows(grad, params, x, mesh, rules)
     for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
       np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
     collectives[seq] = sum(v["count"] for v in aot.hlo_costs(hlo)["collectives"].values())
