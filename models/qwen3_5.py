@@ -311,8 +311,8 @@ def token_logprobs(cfg: ModelConfig, params, hidden, targets, temperature: float
   # a block's positions whole and its share of the vocabulary, so the logits and their
   # cotangent never cross devices, only [positions, embed] and the per-position sums do. Left to
   # itself, under context parallelism XLA summed each block's [positions, vocab] logits over the
-  # weight's split embed dimension and gathered their cotangent (35B-A3B's step on 16 H200: 95k
-  # of its 200k GiB of collectives a GPU, compiler figures). The weight is laid out so once a
+  # weight's split embed dimension and gathered their cotangent (35B-A3B's step on 16 H200: 97k
+  # of its 201k GiB of collectives a GPU, compiler figures). The weight is laid out so once a
   # micro-batch (an all-to-all of its shards); the casts stay inside each block, so with float32
   # weights the blocks' weight gradients are summed in float32.
   w = common.constrain(w, (None, "activation_vocab"))
