@@ -380,14 +380,19 @@ def _conv_by_head(qkv, conv_state, conv_w, lengths, cfg: ModelConfig):
   kernel = cfg.linear_conv_kernel_dim
   shapes = ((nk, cfg.linear_key_head_dim), (nk, cfg.linear_key_head_dim),
             (nv, cfg.linear_value_head_dim))
-  idx = None if lengths is None else (lengths[:, None] + jnp.arange(kernel - 1)[None, :])
+
+  def ends(padded_in):  # the kernel-1 inputs ending at each row's last valid token
+    if lengths is None:
+      return padded_in[:, t:]
+    idx = lengths[:, None] + jnp.arange(kernel - 1)[None, :]
+    return jnp.take_along_axis(padded_in, idx.reshape(*idx.shape, *(1,) * (padded_in.ndim - 2)),
+                               axis=1)
+
   if common.split_ways("activation_heads") == 1 and common.split_ways("activation_length") == 1:
     # Nothing to move: one conv over all the channels (three took 253 more kernels in the ~1B
     # model's step on an H200 and 2 GiB more temporaries on XLA:CPU).
     out, padded_in = common.recompute(_causal_conv)(qkv, conv_state, conv_w)
-    ends = (padded_in[:, t:] if idx is None
-            else jnp.take_along_axis(padded_in, idx[..., None], axis=1))
-    return _split_channels(out, shapes), ends, 1
+    return _split_channels(out, shapes), ends(padded_in), 1
   heads = ("batch", None, "activation_heads", None)
   rows = ("batch", "activation_length", None, None)
   repeat = nv // nk if nk % common.split_ways("activation_heads") else 1
@@ -403,11 +408,8 @@ def _conv_by_head(qkv, conv_state, conv_w, lengths, cfg: ModelConfig):
   out, padded_in = common.recompute(_causal_conv_heads)(parts, *conv_in)
   # The conv's state keeps each q/k channel once.
   padded_in = [x[:, :, ::repeat] for x in padded_in[:2]] + padded_in[2:]
-  if idx is None:
-    ends = [x[:, t:] for x in padded_in]
-  else:  # the kernel-1 inputs ending at each row's last valid token
-    ends = [jnp.take_along_axis(x, idx[..., None, None], axis=1) for x in padded_in]
-  return out, jnp.concatenate([x.reshape(b, kernel - 1, -1) for x in ends], axis=-1), repeat
+  state = [ends(x).reshape(b, kernel - 1, -1) for x in padded_in]
+  return out, jnp.concatenate(state, axis=-1), repeat
 
 
 def _mix(p, qkv, z, beta_in, a, state, lengths, layer, cfg: ModelConfig, rule: str):
