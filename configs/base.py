@@ -50,7 +50,7 @@ def get_model_config() -> ml_collections.ConfigDict:
   m.scan_layers = True               # scan over the repeating layer cycle (compile time flat in depth)
   m.remat = "none"                   # activation checkpointing per cycle: none | full
   m.attention_query_chunk = 0        # >0: attend in blocks of this many queries (memory O(chunk*seq)); 0 = one block
-  m.attention_causal_block = -1      # >0: queries in blocks of this many, each scored only against the keys up to its end (~half the score work on long rows; with query chunks, a block is a map over its chunks); 0 = one block; -1 = auto (128 with the reference einsums, CPU's default; else 0; docs/model.md)
+  m.attention_causal_block = -1      # >0: queries in blocks of this many, each scored only against the keys up to its end (~half the score work on long rows; with query chunks, a block is a map over its chunks); 0 = one block; -1 = auto (128 with the reference einsums, CPU's default; 8 blocks of whole query chunks under XLA's attention on longer rows; else 0; docs/model.md)
   m.logits_chunk = 0                 # >0: LM-head logits/logprobs for this many positions at a time; 0 = all
   m.gdn_backward = "custom"          # gradient of the GDN intra-chunk triangular solve: custom (hand-written VJP) | autodiff (reference)
   m.scan_unroll = -1                 # layer cycles per step of the layer scan; 0 = fully unrolled; -1 = auto (unrolled up to 2 cycles, else 1; docs/model.md)
@@ -88,7 +88,7 @@ def get_config() -> ml_collections.ConfigDict:
       ("batch", ("data", "fsdp", "expert")),
       ("activation_length", None),
       ("activation_embed", None),
-      ("activation_heads", "tensor"),   # per-head activations of the sequence mixers (Gated DeltaNet)
+      ("activation_heads", "tensor"),   # per-head activations of the sequence mixers (Gated DeltaNet; attention under context parallelism)
       ("activation_vocab", "tensor"),  # the LM head's logits, split by vocabulary (models/qwen3_5.py)
       ("vocab", "tensor"),
       ("heads", "tensor"),

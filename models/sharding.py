@@ -94,14 +94,16 @@ def context_parallel_rules(rules: Iterable, axes) -> Rules:
   `activation_length` rule maps to them and the `batch` rule no longer uses them.
 
   A long trajectory then costs each device its share of the row's activations instead of the
-  whole row; attention gathers its keys and values across the split (GSPMD inserts the
-  collectives). Rows are spread over the batch rule's remaining axes.
+  whole row (GSPMD inserts the collectives). Rows are spread over the batch rule's remaining
+  axes.
 
   The Gated DeltaNet's recurrence runs along the row, chunk after chunk, so a row split by
   position would pass its state from device to device at every chunk (GSPMD gathers the whole
   sequence at each step of the chunk scan instead). Its per-head tensors are split by head over
   the same `axes` instead (`activation_heads`; all-to-alls in and out of the recurrence, as in
-  DeepSpeed-Ulysses): each device runs whole rows of its heads. The LM head's logits are split
+  DeepSpeed-Ulysses): each device runs whole rows of its heads. So does attention where the
+  axes split its query heads evenly (its causal mask then skips work as on one device; else it
+  gathers the keys and values). The LM head's logits are split
   by vocabulary over them too (`activation_vocab`): each device takes a block of positions
   whole and its share of the vocabulary."""
   axes = (axes,) if isinstance(axes, str) else tuple(axes)

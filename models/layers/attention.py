@@ -8,6 +8,7 @@ Params (shapes with logical names):
   q_norm, k_norm  [head_dim]            zero-centred RMSNorm over each head
 """
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -133,14 +134,16 @@ def _attend(q, k, v, mask, cfg: ModelConfig, causal: bool = False):
   return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, nh, hd)
 
 
-def _attend_query_chunks(q, k, v, chunk: int, cfg: ModelConfig, offset: int = 0):
+def _attend_query_chunks(q, k, v, chunk: int, cfg: ModelConfig, offset: int = 0,
+                         parts: int = 1):
   """Causal attention one block of `chunk` queries at a time, each block rematerialised.
 
   Peak score memory is [batch, heads, chunk, seq] instead of [batch, heads, seq, seq], in the
   forward and the backward pass alike; the result is the same softmax, computed exactly.
   Query i sits at position offset + i of the keys (offset > 0: keys of a cached prefix first).
 
-  Under context parallelism (the row's positions split over `parts` devices) each step of the
+  Under context parallelism (the row's positions split over `parts` devices, where attention
+  cannot go by head: `_attend_by_head`) each step of the
   loop takes chunk / parts queries from every device's part, so every device attends its own
   queries (a step's scores are a chunk's, as without the split) and the keys and values are
   gathered once for the loop. (A loop over the row's chunks in order had all devices wait on
@@ -150,7 +153,6 @@ def _attend_query_chunks(q, k, v, chunk: int, cfg: ModelConfig, offset: int = 0)
   """
   b, t, nh, hd = q.shape
   s = k.shape[1]
-  parts = common.token_groups(q.shape)[2]
   if parts < 2 or t % parts:
     parts = 1
   part = t // parts                                 # a device's positions
@@ -191,32 +193,77 @@ def _attend_query_chunks(q, k, v, chunk: int, cfg: ModelConfig, offset: int = 0)
 
 # `attention_causal_block=-1` (auto): the block with the "reference" einsums (CPU's default).
 AUTO_CAUSAL_BLOCK = 128
+# ... and with XLA's attention (TPU) on rows longer than a query chunk: this many blocks.
+AUTO_XLA_CAUSAL_BLOCKS = 8
 
 
-def causal_block(cfg: ModelConfig, backend: str | None = None) -> int:
+def causal_block(cfg: ModelConfig, backend: str | None = None, t: int | None = None) -> int:
   """Queries per causal block for `cfg.attention_causal_block` on `backend` (0 = one block).
 
   Auto (-1) is `AUTO_CAUSAL_BLOCK` where the attention runs as the reference einsums (CPU's
   default): on CPU at 4 x 1024 tokens (hidden 256) the whole model step took 0.92x the time
-  with blocks of 256 and 0.90x with 128 (docs/model.md). It is 0 where `jax.nn.dot_product_attention` runs: cuDNN's flash
-  attention skips the masked tiles itself, and only its first block would be the plain causal
-  square it takes (blocks on accelerators are not measured).
+  with blocks of 256 and 0.90x with 128 (docs/model.md). Under XLA's attention ("xla": TPU)
+  with query chunks and rows of `t` longer than a chunk, whole chunks in
+  `AUTO_XLA_CAUSAL_BLOCKS` blocks: XLA scores every query against every key of its masked
+  square, so a 160k row in chunks did twice the causal work (0.56x of the square with 8 blocks;
+  8 unrolled loops in the program rather than 1,280 blocks of 128). Else 0: cuDNN's flash
+  attention skips the masked tiles itself, and short rows on XLA are not measured.
   """
-  if cfg.attention_causal_block == -1:
-    return AUTO_CAUSAL_BLOCK if resolve_impl(cfg, backend) == "reference" else 0
-  return cfg.attention_causal_block
+  if cfg.attention_causal_block != -1:
+    return cfg.attention_causal_block
+  impl = resolve_impl(cfg, backend)
+  if impl == "reference":
+    return AUTO_CAUSAL_BLOCK
+  chunk = cfg.attention_query_chunk
+  if impl == "xla" and chunk and t and t > chunk:
+    return chunk * -(-t // (chunk * AUTO_XLA_CAUSAL_BLOCKS))
+  return 0
 
 
 def _attend_causal(q, k, v, cfg: ModelConfig, offset: int = 0, recompute: bool = True):
-  """Causal attention of q [b, t, heads, hd] (at key positions offset + [0, t)) over k, v.
+  """Causal attention of q [b, t, heads, hd] (at key positions offset + [0, t)) over k, v:
+  by head where the rows are split by position and the heads split as evenly
+  (`_attend_by_head`), else on the rows as they are laid out (`_attend_rows`)."""
+  ways = common.split_ways("activation_heads")
+  if common.split_ways("activation_length") > 1 and q.shape[2] % ways == 0:
+    return _attend_by_head(q, k, v, cfg, offset, recompute, ways)
+  return _attend_rows(q, k, v, cfg, offset, recompute, parts=common.token_groups(q.shape)[2])
 
-  `attention_causal_block` (`causal_block`; 0 or >= t: one block) splits the queries into blocks, each scored
-  only against the keys up to its last query: the scores above the diagonal blocks, masked away
-  anyway, are never computed, so with n blocks the score work is (n + 1) / 2n of the square.
-  The blocks differ in shape, so they are unrolled (n einsum pairs in the program). Within a
-  block longer than `attention_query_chunk` (> 0), the queries go one chunk at a time
-  (`_attend_query_chunks`: memory O(chunk x seq)). Exact either way: each softmax runs over every
-  key its queries may see.
+
+def _attend_by_head(q, k, v, cfg: ModelConfig, offset: int, recompute: bool, ways: int):
+  """Attention of rows split by position (context parallelism) done by head, as
+  DeepSpeed-Ulysses does: q, k and v move to whole rows of heads / `ways` heads a device
+  (all-to-alls), each device attends its heads over the whole row, and the output moves back.
+
+  Causal attention then skips the masked scores as on one device (cuDNN's flash attention;
+  XLA's in causal blocks), where a device's share of the positions scored every key of the row:
+  twice the causal work, most of 35B-A3B's RL step at 160k tokens (docs/model.md). The key and
+  value heads are repeated first where the devices do not split them evenly (35B-A3B: 2 over
+  16), so that every device holds those of its query heads.
+  """
+  nkv = k.shape[2]
+  repeat = ways // math.gcd(nkv, ways)
+  if repeat > 1:   # where the positions are (repeated after the move, they were gathered whole)
+    k, v = (common.constrain(jnp.repeat(x, repeat, axis=2),
+                             ("batch", "activation_length", "heads", "head_dim")) for x in (k, v))
+  heads = ("batch", None, "activation_heads", "head_dim")
+  q, k, v = (common.constrain(x, heads) for x in (q, k, v))
+  out = common.constrain(_attend_rows(q, k, v, cfg, offset, recompute, parts=1), heads)
+  return common.constrain(out, ("batch", "activation_length", "heads", "head_dim"))
+
+
+def _attend_rows(q, k, v, cfg: ModelConfig, offset: int, recompute: bool, parts: int):
+  """Causal attention of q [b, t, heads, hd] (at key positions offset + [0, t)) over k, v,
+  each row's positions split over `parts` devices (1: whole rows).
+
+  cuDNN's flash attention takes the causal square whole (offset 0): its memory is O(t)
+  already. Otherwise `causal_block` (0 or >= t: one block; whole rows only) splits the
+  queries into blocks, each scored only against the keys up to its last query: the scores
+  above the diagonal blocks, masked away anyway, are never computed, so with n blocks the
+  score work is (n + 1) / 2n of the square. The blocks differ in shape, so they are unrolled
+  (n einsum pairs in the program). Within a block longer than `attention_query_chunk` (> 0),
+  the queries go one chunk at a time (`_attend_query_chunks`: memory O(chunk x seq)). Exact
+  either way: each softmax runs over every key its queries may see.
 
   recompute: the blocks' scores are recomputed in the backward pass, one block after another
   (`_recomputed_blocks`, as flash attention does), rather than kept: the gradient keeps q, k
@@ -227,19 +274,22 @@ def _attend_causal(q, k, v, cfg: ModelConfig, offset: int = 0, recompute: bool =
   both are left as they are.
   """
   t = q.shape[1]
+  impl = resolve_impl(cfg)
+  if impl == "cudnn" and offset == 0 and parts == 1:
+    return _attend(q, k, v, None, cfg, causal=True)
   chunk = cfg.attention_query_chunk
-  block = causal_block(cfg)
+  block = causal_block(cfg, t=t if parts == 1 else None)
   block = block if 0 < block < t else t
   spans = tuple((start, min(start + block, t)) for start in range(0, t, block))
   chunked = chunk and any(stop - start > chunk for start, stop in spans)
-  if recompute and not chunked and resolve_impl(cfg) != "cudnn":
+  if recompute and not chunked and impl != "cudnn":
     return _recomputed_blocks(q, k, v, cfg, offset, spans)
   outs = []
   for start, stop in spans:
     seen = offset + stop
     if chunk and stop - start > chunk:
       outs.append(_attend_query_chunks(q[:, start:stop], k[:, :seen], v[:, :seen], chunk, cfg,
-                                       offset + start))
+                                       offset + start, parts))
     else:
       outs.append(_attend_block(q[:, start:stop], k, v, cfg, offset + start, seen,
                                 causal=offset + start == 0))

@@ -52,13 +52,20 @@ def test_xla_attention_matches_reference_outputs_and_gradients(knobs):
     np.testing.assert_allclose(g, g_ref, atol=2e-5 * float(jnp.abs(g_ref).max()))
 
 
-def test_auto_causal_block_is_128_with_the_reference_einsums_and_one_block_otherwise():
+def test_auto_causal_block_is_128_with_the_reference_einsums_and_eight_on_long_xla_rows():
   cfg = _cfg(attention_causal_block=-1)
   assert attention.causal_block(cfg.replace(attention_impl="reference")) == 128
   assert attention.causal_block(cfg.replace(attention_impl="auto"), backend="cpu") == 128
   assert attention.causal_block(cfg.replace(attention_impl="xla")) == 0
   assert attention.causal_block(cfg.replace(attention_impl="auto"), backend="tpu") == 0
   assert attention.causal_block(cfg.replace(attention_causal_block=64)) == 64
+  # XLA's attention in query chunks: whole chunks in 8 blocks (160k in chunks of 2048: 80
+  # chunks, 8 blocks of 10); rows of one chunk or without chunks: one block.
+  chunked = cfg.replace(attention_impl="xla", attention_query_chunk=2048)
+  assert attention.causal_block(chunked, t=163840) == 20480
+  assert attention.causal_block(chunked, t=5000) == 2048
+  assert attention.causal_block(chunked, t=2048) == 0
+  assert attention.causal_block(cfg.replace(attention_impl="xla"), t=163840) == 0
   with pytest.raises(ValueError, match="attention_causal_block"):
     cfg.replace(attention_causal_block=-2)
 
@@ -173,7 +180,9 @@ def test_query_chunks_under_context_parallelism_stay_on_their_devices():
   # chunk 8: 2 queries of each part a step, 8 and 16 steps; chunk 32, 8 a part: parts of 20 in
   # 4 steps of 5, parts of 22 padded to 3 steps of 8.
   for chunk, seq in ((8, 64), (8, 128), (32, 80), (32, 88)):
-    cfg = _cfg(attention_query_chunk=chunk, attention_impl="xla", attention_causal_block=0)
+    # 6 heads, which 4 devices do not split evenly: attention stays on the split positions.
+    cfg = _cfg(attention_query_chunk=chunk, attention_impl="xla", attention_causal_block=0,
+               num_attention_heads=6)
     params, x, positions = _inputs(cfg, batch=2, seq=seq)
     loss = lambda p, x: jnp.sum(attention.forward(p, x, positions, cfg)[0] ** 2)
     grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
@@ -185,6 +194,57 @@ def test_query_chunks_under_context_parallelism_stay_on_their_devices():
   # all-reduce in the loop's backward). A loop over the row's chunks in order added 7 a step
   # here (61 and 117 collectives), gathering the queries, keys and values again each time.
   assert collectives[128] - collectives[64] <= 8, collectives
+
+
+def test_under_context_parallelism_attention_goes_by_head_with_one_devices_causal_work():
+  """Rows split by position over 8 devices (fsdp x expert of a 1x2x4x1 mesh, the 35B-A3B
+  config's layout at half the size), 8 query heads and 2 key/value heads: the same outputs and
+  gradients as on one device, the 8 devices' compiled FLOPs together those of one device (XLA's
+  attention in causal blocks of query chunks), and q, k, v and the output moved by all-to-alls,
+  nothing gathered whole. On the split positions (the code before, or heads that the devices
+  do not split evenly) each device scored its queries against every key of the row: the
+  square's FLOPs, 1.48x the causal blocks' here, 2x the attention's at 35B-A3B's 160k tokens."""
+  from models import aot
+  from models import sharding
+  c = base.get_config()
+  c.mesh.shape = (1, 2, 4, 1)
+  rules = sharding.context_parallel_rules(sharding.rules_from_config(c.mesh.rules),
+                                          ("fsdp", "expert"))
+  mesh = sharding.make_mesh(c.mesh)
+  cfg = _cfg(num_attention_heads=8, attention_impl="xla", attention_query_chunk=16)
+  params, x, positions = _inputs(cfg, batch=2, seq=256)
+  loss = lambda p, x: jnp.sum(attention.forward(p, x, positions, cfg)[0] ** 2)
+  grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+  want, got, hlo = kernel_checks.one_device_and_split_rows(grad, params, x, mesh, rules)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, w, atol=1e-5 * max(1.0, float(jnp.abs(w).max())))
+  flops = lambda g, *args: aot.hlo_costs(g.lower(*args).compile().as_text())["flops"]
+  split, one = aot.hlo_costs(hlo), flops(grad, params, x)
+  square = cfg.replace(attention_causal_block=0)     # every query against every key
+  whole = flops(jax.jit(jax.value_and_grad(
+      lambda p, x: jnp.sum(attention.forward(p, x, positions, square)[0] ** 2))), params, x)
+  assert split["flops"] * 8 <= 1.01 * one < 0.75 * whole, (split["flops"] * 8, one, whole)
+  assert set(split["collectives"]) <= {"all-to-all", "all-reduce"}, split["collectives"]
+
+
+def test_cudnn_takes_the_causal_square_whole_whatever_the_query_chunk(monkeypatch):
+  """Under cuDNN (compiled for a GPU) a row's causal attention is one flash-attention call
+  even with `attention_query_chunk` set: its memory is O(seq) already, and query chunks went to
+  XLA's masked attention, which scores the whole square. A continuation after a cached prefix
+  (offset > 0) still goes in chunks."""
+  from models import config as config_lib
+  cfg = _cfg(attention_impl="cudnn", dtype="bfloat16", attention_query_chunk=8)
+  calls = []
+  monkeypatch.setattr(attention, "_attend", lambda q, k, v, mask, cfg, causal=False: (
+      calls.append((q.shape[1], k.shape[1], causal)) or jnp.zeros(q.shape, q.dtype)))
+  q = jnp.zeros((1, 32, 4, 16), jnp.bfloat16)
+  k = jnp.zeros((1, 32, 2, 16), jnp.bfloat16)
+  with config_lib.compiling_for("gpu"):
+    attention._attend_causal(q, k, k, cfg)
+    assert calls == [(32, 32, True)]
+    calls.clear()
+    attention._attend_causal(q[:, :16], k, k, cfg, offset=16)
+  assert calls and all(not causal and t <= 8 for t, _, causal in calls), calls
 
 
 @pytest.mark.parametrize("dtype,atol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
