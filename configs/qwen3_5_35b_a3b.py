@@ -5,8 +5,8 @@
 Mesh: experts over `expert` (256 experts / 8) and their other dimension over `fsdp` (2), the
 other weights FSDP over all 16 devices (`fsdp` x `expert`); each 160k row's tokens over all 16
 devices (context parallelism). Compiled from a CPU, the RL step fits at 160k on its 16 H200s
-(83.8 GiB of 141 a GPU; ~1 minute of compile: `--mode=compile --config.compile.target=h200:2x8`)
-and on a v5p:2x2x4 slice (88.2 GiB of 95 a chip;
+(84.3 GiB of 141 a GPU; ~1 minute of compile: `--mode=compile --config.compile.target=h200:2x8`)
+and on a v5p:2x2x4 slice (88.8 GiB of 95 a chip;
 docs/results.md#full-size-programs-compiled-for-their-targets). Precision and hyperparameters:
 configs/report_recipe.py. On GPUs, `--config.model.gdn_scan=fused` runs each Gated DeltaNet walk
 over its chunks as one kernel (far fewer kernel launches a step), and
