@@ -43,6 +43,16 @@ def decode_each_way(setting: str, values) -> dict:
   return runs
 
 
+def split_rows_mesh(shape):
+  """(mesh, rules) of CPU devices as `shape` (data, fsdp, expert, tensor) with each row's
+  positions split over fsdp x expert (context parallelism, the full-size configs' layout)."""
+  c = base.get_config()
+  c.mesh.shape = shape
+  rules = sharding.context_parallel_rules(sharding.rules_from_config(c.mesh.rules),
+                                          ("fsdp", "expert"))
+  return sharding.make_mesh(c.mesh), rules
+
+
 def one_device_and_split_rows(grad, params, x, mesh, rules):
   """(grad(params, x) on one device, the same with x's rows split by position over `mesh`
   under `rules`, that program's compiled HLO text)."""

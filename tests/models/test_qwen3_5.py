@@ -519,11 +519,7 @@ def test_under_context_parallelism_no_layer_moves_a_whole_micro_batchs_activatio
   gathered the whole rows it took flattened, and the Gated DeltaNet gathered its input x whole
   for the projections (on 16 H200s, compiler figures: 95k, 8k and 19k GiB a GPU a step of
   35B-A3B's RL step)."""
-  c = base.get_config()
-  c.mesh.shape = (1, 2, 4, 1)
-  rules = sharding.context_parallel_rules(sharding.rules_from_config(c.mesh.rules),
-                                          ("fsdp", "expert"))
-  mesh = sharding.make_mesh(c.mesh)
+  mesh, rules = kernel_checks.split_rows_mesh((1, 2, 4, 1))
   # 8 value heads, one a device: the Gated DeltaNet splits its rows by head (its 4 key heads,
   # which the 8 devices do not split evenly, repeated to the value heads first).
   cfg = _tiny(num_hidden_layers=4, num_experts_per_tok=3, dtype="float32", logits_chunk=16,

@@ -170,12 +170,7 @@ def test_query_chunks_under_context_parallelism_stay_on_their_devices():
   values are gathered once for the loop, not at every step), also where a device's part is no
   multiple of its share of the chunk."""
   from models import aot
-  from models import sharding
-  c = base.get_config()
-  c.mesh.shape = (2, 2, 2, 1)
-  rules = sharding.context_parallel_rules(sharding.rules_from_config(c.mesh.rules),
-                                          ("fsdp", "expert"))
-  mesh = sharding.make_mesh(c.mesh)
+  mesh, rules = kernel_checks.split_rows_mesh((2, 2, 2, 1))
   collectives = {}
   # chunk 8: 2 queries of each part a step, 8 and 16 steps; chunk 32, 8 a part: parts of 20 in
   # 4 steps of 5, parts of 22 padded to 3 steps of 8.
@@ -205,12 +200,7 @@ def test_under_context_parallelism_attention_goes_by_head_with_one_devices_causa
   do not split evenly) each device scored its queries against every key of the row: the
   square's FLOPs, 1.48x the causal blocks' here, 2x the attention's at 35B-A3B's 160k tokens."""
   from models import aot
-  from models import sharding
-  c = base.get_config()
-  c.mesh.shape = (1, 2, 4, 1)
-  rules = sharding.context_parallel_rules(sharding.rules_from_config(c.mesh.rules),
-                                          ("fsdp", "expert"))
-  mesh = sharding.make_mesh(c.mesh)
+  mesh, rules = kernel_checks.split_rows_mesh((1, 2, 4, 1))
   cfg = _cfg(num_attention_heads=8, attention_impl="xla", attention_query_chunk=16)
   params, x, positions = _inputs(cfg, batch=2, seq=256)
   loss = lambda p, x: jnp.sum(attention.forward(p, x, positions, cfg)[0] ** 2)
