@@ -116,7 +116,7 @@ def main(argv):
     live = reductions.live_rows(host["rewards"], host["group_ids"], np.ones(len(host["rewards"]), bool),
                           host["loss_mask"], config.rl.filter_zero_variance)
     # Unpacked: live rows at the front, so the strided split puts one in every micro-batch.
-    packed = reductions.pack_live_rows(host, live, config.train.micro_batches)
+    packed = reductions.pack_live_rows(host, live, step.micro_batches(len(live)))
   short = None
   if _BUCKET.value > 0:
     n = _BUCKET.value
@@ -152,7 +152,7 @@ def main(argv):
   print(f"config            {config.name} (preset {config.model.preset or '-'}), "
         f"params {counts['total'] / 1e6:.2f} M total / {counts['active'] / 1e6:.2f} M active")
   print(f"devices           {n} x {dev.platform}:{getattr(dev, 'device_kind', '?')}, mesh {sharding.describe(mesh)}")
-  print(f"batch             {rows} rows x {seq} tokens, {config.train.micro_batches} micro-batch(es), "
+  print(f"batch             {rows} rows x {seq} tokens, {step.micro_batches(rows)} micro-batch(es), "
         f"dtype {config.model.dtype}, remat {config.model.remat}")
   print(f"first step        {compile_s:.2f} s (compile + run)")
   print(f"step time         {dt * 1e3:.1f} ms (median of {_STEPS.value})")

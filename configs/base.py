@@ -242,7 +242,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.train.max_draws = 1              # dynamic sampling: draws of prompts_per_step tasks a step until
                                      # that many groups carry signal (not all pass / all fail); 1 = off
   c.train.mini_batches = 1           # optimizer updates per rollout batch (1 = on-policy)
-  c.train.micro_batches = 1          # gradient-accumulation splits of a mini-batch (lax.scan)
+  c.train.micro_batches = 1          # gradient-accumulation splits of a mini-batch (lax.scan); fewer run where a split would give the devices splitting the rows unequal shares (TrainStep.micro_batches)
   c.train.skip_empty_updates = True  # no optimizer update (momentum, decay) for a mini-batch without a loss token
   c.train.seq_buckets = ()           # shorter row lengths a step pads to when its longest trajectory fits (one compile each); () = seq_len only
   c.train.max_context = 4096         # longest episode (tokens) the harness lets grow; recipe: 160k (report_recipe.py)

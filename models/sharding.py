@@ -79,6 +79,12 @@ def rule_axes(rules: Iterable, logical: str) -> tuple:
   return target_axes(next((t for name, t in rules_from_config(rules) if name == logical), None))
 
 
+def ways(shape, rules: Iterable, logical: str) -> int:
+  """Over how many devices a mesh of axis sizes `shape` (a mapping: name -> size, such as
+  `Mesh.shape`) splits the logical axis `logical` under `rules`."""
+  return math.prod(shape.get(a, 1) for a in rule_axes(rules, logical))
+
+
 def target_axes(target) -> tuple:
   """A rule's target or a PartitionSpec entry (None, one mesh axis, or several) as a tuple."""
   return () if target is None else ((target,) if isinstance(target, str) else tuple(target))

@@ -42,7 +42,7 @@ def row_length(config, longest: int) -> int:
   return next((n for n in lengths if n >= longest), lengths[-1])
 
 
-def build_batch(results, config) -> tuple[TrainExample, dict]:
+def build_batch(results, config, batch_ways: int = 1) -> tuple[TrainExample, dict]:
   """Episode results -> the train step's batch and the draw's metrics.
 
   Rows are padded to `row_length` (one compile per bucket); group masking decides `valid`. With
@@ -61,8 +61,10 @@ def build_batch(results, config) -> tuple[TrainExample, dict]:
   if int(config.train.mini_batches) == 1:
     # Rows of groups with no signal gathered into the last micro-batches, which the train step
     # then skips: with most groups all-pass or all-fail, most of the step's compute.
-    example = TrainExample(**reductions.pack_live_rows(example.as_arrays(), live,
-                                                 int(config.train.micro_batches)))
+    # In the step's micro-batches: train.micro_batches, or fewer where the `batch_ways` devices
+    # splitting the rows would hold unequal shares (TrainStep.micro_batches).
+    n = reductions.micro_batch_count(len(live), int(config.train.micro_batches), batch_ways)
+    example = TrainExample(**reductions.pack_live_rows(example.as_arrays(), live, n))
   return example, m
 
 

@@ -90,7 +90,8 @@ def rl_step_program(config, mesh, seq_len: int):
   lowered = step.lower(step.abstract_state(), batch)
   flops = rl_step_model_flops(config, step.model_cfg, rows, seq_len)
   what = (f"{rows} rows x {seq_len} tokens, {config.train.mini_batches} mini-batch(es) of "
-          f"{config.train.micro_batches} micro-batches, remat={config.model.remat}")
+          f"{step.micro_batches(rows // int(config.train.mini_batches))} micro-batches, "
+          f"remat={config.model.remat}")
   return lowered, flops, what
 
 

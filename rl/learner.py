@@ -109,7 +109,7 @@ def rl_step(run: RLRun, state: dict, step: int) -> tuple[dict, dict, int]:
   t0 = time.monotonic()
   results, m_draw, data_position = run.prefetch.get(step)        # draw, roll out
   t_wait = time.monotonic() - t0
-  example, m = build_batch(results, run.config)                  # filter, batch
+  example, m = build_batch(results, run.config, run.step_fn.batch_ways)  # filter, batch
   m.update(m_draw)
   # advantages, policy loss, loss reduction, optimizer update
   state, tm = run.step_fn(state, run.step_fn.shard_batch(example))
@@ -170,6 +170,16 @@ def base_meta(config) -> dict:
   return {"lora_base": base}
 
 
+def note_micro_batches(config, step_fn: TrainStep) -> None:
+  """Says so where the step runs fewer micro-batches than train.micro_batches asks for."""
+  rows = config.train.prompts_per_step * config.train.samples_per_prompt
+  n = step_fn.micro_batches(rows // config.train.mini_batches)
+  if n != config.train.micro_batches:
+    print(f"train.micro_batches={config.train.micro_batches}: the step runs {n} micro-batches, "
+          f"since {config.train.micro_batches} would give the {step_fn.batch_ways} devices that "
+          "split a micro-batch's rows unequal shares", flush=True)
+
+
 def place_base(config, step_fn: TrainStep) -> None:
   """LoRA: the frozen base into the step (`TrainStep.set_base`): the start params (the SFT
   result; train.init_from) or the seeded init."""
@@ -222,6 +232,7 @@ def run_rl(config, flags=None) -> dict:
     # Judge criteria without a judge: fail before SFT and rollouts, not at the first grade.
     judge_lib.require(train_tasks + eval_tasks, config.envs.judge)
   step_fn = TrainStep(config, sharding.make_mesh(config.mesh))
+  note_micro_batches(config, step_fn)
   ckpt = Checkpointer.from_config(config)
   if step_fn.lora is not None or not ckpt.all_steps():  # a resumed full run needs no start
     warm_start(config, metrics)                         # SFT, when none is saved yet

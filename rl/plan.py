@@ -48,6 +48,7 @@ from models import sharding
 from models.layers import attention
 from models.layers import gated_deltanet
 from models.layers import moe
+from rl import reductions
 from rl import train_step
 from rl.rollout import capacity
 
@@ -110,9 +111,12 @@ def memory_plan(config, num_devices: int, seq_lens=None) -> dict:
   # What is trained: the params, or with LoRA the adapters.
   t_shapes, t_axes = ((p_shapes, axes) if spec is None
                       else (lora_plan["shapes"], lora_plan["axes"]))
+  batch_ways = sharding.ways(mesh.shape, rules, "batch")
+  rows = config.train.prompts_per_step * config.train.samples_per_prompt
+  rows_mini = rows // config.train.mini_batches
+  micro = reductions.micro_batch_count(rows_mini, int(config.train.micro_batches), batch_ways)
   # Gradients are accumulated in float32 across micro-batches (params' dtype without them).
-  g_dtype = jnp.float32 if config.train.micro_batches > 1 else None
-  grads = _per_device_bytes(t_shapes, t_axes, mesh, rules, g_dtype)
+  grads = _per_device_bytes(t_shapes, t_axes, mesh, rules, jnp.float32 if micro > 1 else None)
   # Optimizer moments: each param-shaped leaf of the optimizer state, sharded like its param.
   mu_bytes = _per_device_bytes(t_shapes, t_axes, mesh, rules, config.optim.mu_dtype)
   nu_bytes = _per_device_bytes(t_shapes, t_axes, mesh, rules)
@@ -122,11 +126,9 @@ def memory_plan(config, num_devices: int, seq_lens=None) -> dict:
   ref = params if config.rl.kl.coef and spec is None else 0
 
   counts = qwen3_5.count_params(mc)
-  batch_ways = math.prod(mesh.shape[a] for a in sharding.rule_axes(rules, "batch"))
-  length_ways = math.prod(mesh.shape[a] for a in sharding.rule_axes(rules, "activation_length"))
+  length_ways = sharding.ways(mesh.shape, rules, "activation_length")
   tensor_ways = mesh.shape.get("tensor", 1)
-  rows = config.train.prompts_per_step * config.train.samples_per_prompt
-  rows_mb = rows // config.train.mini_batches // config.train.micro_batches
+  rows_mb = rows_mini // micro
   # Rows per group of devices that splits one row (context parallelism; one device without).
   rows_dev = rows_mb / batch_ways
   # The platform the step runs on: the one being compiled for (rl/compile_job.py traces inside
@@ -145,7 +147,7 @@ def memory_plan(config, num_devices: int, seq_lens=None) -> dict:
   return {"mesh": dict(mesh.shape), "num_devices": num_devices, "counts": counts,
           "lora": lora_plan and {k: v for k, v in lora_plan.items() if k not in ("shapes", "axes")},
           "params": params, "grads": grads, "opt": opt, "ref_params": ref, "activations": act,
-          "rows_per_device": rows_dev, "rows_per_micro_batch": rows_mb,
+          "rows_per_device": rows_dev, "rows_per_micro_batch": rows_mb, "micro_batches": micro,
           "length_ways": length_ways, "platform": platform}
 
 
@@ -341,14 +343,17 @@ def format_plan(config, plan: dict) -> str:
   lines.append(f"  mesh: {mesh}  ({plan['num_devices']} devices of {config.plan.device_kind}, "
                f"{config.plan.device_memory_gib:.0f} GiB each)")
   lines.append(f"  batch: {config.train.prompts_per_step} prompts x {config.train.samples_per_prompt} "
-               f"samples, {config.train.mini_batches} mini-batch(es), {config.train.micro_batches} "
-               f"micro-batch(es): {plan['rows_per_micro_batch']} rows per micro-batch, "
+               f"samples, {config.train.mini_batches} mini-batch(es), {plan['micro_batches']} "
+               f"micro-batch(es)"
+               + (f" (train.micro_batches={config.train.micro_batches} would split rows unevenly "
+                  "over the devices)" if plan["micro_batches"] != config.train.micro_batches else "")
+               + f": {plan['rows_per_micro_batch']} rows per micro-batch, "
                f"{plan['rows_per_device']:.2f} per device"
                + (f" group of {plan['length_ways']} (each row split over them: context parallel)"
                   if plan["length_ways"] > 1 else "") + f"; remat={config.model.remat}")
   if plan["rows_per_device"] < 1:
-    lines.append("  note: fewer than one row per device per micro-batch; devices along the batch "
-                 "axes idle or duplicate work (use fewer micro-batches)")
+    lines.append("  note: fewer rows in a mini-batch than devices along the batch axes; those "
+                 "devices idle or duplicate work (use more rows or fewer devices on the batch)")
   static = plan["params"] + plan["grads"] + plan["opt"] + plan["ref_params"]
   lines.append("")
   lines.append(f"  {'per device':28s}{'bytes':>14s}")

@@ -35,8 +35,8 @@ Inside one call: advantages over the whole batch (groups need all their samples)
 recompute of the old logprobs with the incoming params, the reference policy's logprobs when
 the KL penalty is on (a forward pass of the reference per live micro-batch), then
 `train.mini_batches` optimizer updates, each over a strided slice of the batch, each
-accumulating gradients over
-`train.micro_batches` micro-batches in a lax.scan. Loss reduction weights are computed per
+accumulating gradients over `train.micro_batches` micro-batches in a lax.scan (fewer where a
+micro-batch would give the devices splitting its rows unequal shares: `micro_batches`). Loss reduction weights are computed per
 mini-batch from the whole mini-batch (rl/reductions.py), so micro-batching and data parallelism
 do not change the loss or the gradients.
 """
@@ -235,6 +235,8 @@ class TrainStep:
     self.return_grads = return_grads
     self.mesh = mesh
     self.rules = sharding.rules_from_config(config.mesh.rules)
+    # Over how many devices a batch's rows are split (the micro-batches' rows: micro_batches).
+    self.batch_ways = sharding.ways(mesh.shape, self.rules, "batch")
     self.model_cfg = model_cfg or qwen3_5.config_from_dict(config.model)
     self.optimizer = make_optimizer(config.optim, config.train.steps)
     # LoRA: the state's params are adapters over the frozen `self.base` (set_base).
@@ -336,6 +338,12 @@ class TrainStep:
         batch = {k: v[i * len(v) // n:(i + 1) * len(v) // n] for k, v in batch.items()}
     return sharding.shard_batch(batch, self.mesh, self.rules)
 
+  def micro_batches(self, rows: int) -> int:
+    """How many micro-batches `rows` rows run in: train.micro_batches, or fewer where that would
+    give the devices splitting the rows unequal shares (`reductions.micro_batch_count`)."""
+    return reductions.micro_batch_count(rows, int(self.config.train.micro_batches),
+                                        self.batch_ways)
+
   # -- loss --------------------------------------------------------------------------------
 
   @property
@@ -343,8 +351,9 @@ class TrainStep:
     """Whether the MoE load-balancing loss is on (it needs the router logits)."""
     return bool(self.config.rl.moe_aux_loss_coef) and self.model_cfg.use_moe
 
-  def _micro_loss(self, params, mb):
-    """Loss and metric SUMS of one micro-batch, weighted with whole-mini-batch weights."""
+  def _micro_loss(self, params, mb, micro_batches: int):
+    """Loss and metric SUMS of one micro-batch of `micro_batches`, weighted with
+    whole-mini-batch weights."""
     rl = self.config.rl
     want_router = self._router_loss
     out = token_logprobs(self.model_cfg, params, mb["tokens"], rl.temperature, want_router)
@@ -360,13 +369,13 @@ class TrainStep:
     aux["loss/policy"] = jax.lax.stop_gradient(loss)
     if want_router:
       # Each micro-batch adds its own balance loss / micro_batches: the mean over micro-batches.
-      # Unlike the policy loss this is not invariant to train.micro_batches: the balance loss
+      # Unlike the policy loss this is not invariant to the micro-batch count: the balance loss
       # is a product of token means (routed fraction x mean router probability), and a
       # micro-batch's product is not its share of the whole batch's. Exact invariance would
       # need the routed fractions of the whole batch before any backward pass (a second
       # forward of every micro-batch), which this step does not pay for.
       lb = load_balancing_loss(out[2], self.model_cfg.num_experts,
-                               self.model_cfg.num_experts_per_tok) / self.config.train.micro_batches
+                               self.model_cfg.num_experts_per_tok) / micro_batches
       loss = loss + rl.moe_aux_loss_coef * lb
       aux["loss/moe_load_balance"] = jax.lax.stop_gradient(lb)
     return loss, aux
@@ -378,16 +387,16 @@ class TrainStep:
     # A micro-batch without a loss token adds exactly zero, unless the MoE balance loss (which
     # every micro-batch adds whatever its mask) is on; then every micro-batch is computed.
     is_live = None if self._router_loss else (lambda mb: mb["loss_mask"].sum() > 0)
-    loss = lambda p, mb: self._micro_loss(self.model_params(p, base), mb)
-    return reductions.microbatched_value_and_grad(loss, params, mini,
-                                            self.config.train.micro_batches, is_live,
+    n = self.micro_batches(mini["tokens"].shape[0])
+    loss = lambda p, mb: self._micro_loss(self.model_params(p, base), mb, n)
+    return reductions.microbatched_value_and_grad(loss, params, mini, n, is_live,
                                             self.state_shardings["params"])
 
   def batch_logprobs(self, params, tokens, mask=None):
     """Token logprobs [batch, seq] of `tokens` under `params`, one micro-batch at a time (the
     memory of one micro-batch's forward pass), without gradient. With `mask` [batch, seq], a
     micro-batch without a loss token is not computed (zeros: no loss term reads them)."""
-    n = self.config.train.micro_batches
+    n = self.micro_batches(tokens.shape[0])
     temperature = self.config.rl.temperature
 
     def forward(t):

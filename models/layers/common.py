@@ -79,7 +79,7 @@ def split_ways(logical: str) -> int:
   if mesh.empty or inside_shard_map():
     return 1
   rules = sharding.rules_from_config(nn.get_logical_axis_rules())
-  return math.prod(mesh.shape[a] for a in sharding.rule_axes(rules, logical))
+  return sharding.ways(mesh.shape, rules, logical)
 
 
 def normal(key, shape, std, dtype):

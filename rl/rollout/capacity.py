@@ -187,7 +187,7 @@ def slots_the_mesh_splits(config, slots: int, num_devices: int = 0) -> int:
   docs/results.md)."""
   shape = _engine_axis_sizes(config, num_devices)
   rules = engine_rules(config)
-  ways = math.prod(shape.get(a, 1) for a in sharding.rule_axes(rules, "batch"))
+  ways = sharding.ways(shape, rules, "batch")
   return int(slots - slots % ways if slots >= ways else slots)
 
 

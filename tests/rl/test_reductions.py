@@ -167,6 +167,17 @@ def test_split_is_strided():
     reductions.split_micro_batches(jnp.arange(6), 4)
 
 
+@pytest.mark.parametrize("rows, requested, ways, runs", [
+    (16, 8, 1, 8),    # one device: as asked
+    (16, 8, 8, 2),    # the tiny default on 8 devices: 2 micro-batches of one row a device
+    (16, 4, 2, 4),    # 4 rows a micro-batch over 2 devices: as asked
+    (8, 2, 8, 1),     # fewer rows than devices in any split: the whole mini-batch
+    (24, 2, 8, 1),    # 12 rows over 8 devices is uneven; 24 is not
+    (48, 4, 4, 4)])   # 12 rows over 4: as asked
+def test_micro_batches_give_every_device_the_same_whole_rows(rows, requested, ways, runs):
+  assert reductions.micro_batch_count(rows, requested, ways) == runs
+
+
 # ----------------------------------------------------------------------------- dead rows skipped
 
 

@@ -325,6 +325,26 @@ def test_trainable_pattern_updates_only_matching_params_and_clips_over_them(base
       train_step.make_optimizer(c.optim, 10).init(params)
 
 
+def test_micro_batches_of_fewer_rows_than_devices_run_whole_and_match_one_device(
+    base_state_and_batch):
+  """train.micro_batches=4 on 8 rows split over 8 devices would give a micro-batch 2 rows for 8
+  devices (XLA gathers and replicates each such micro-batch: the tiny default's step took 8x
+  the time, docs/results.md). The step runs the 8 rows as one micro-batch, with one device's
+  loss, gradients and update at 4 micro-batches."""
+  host_state, batch = base_state_and_batch
+  ref = _step("single", **{"train.micro_batches": 4})
+  assert ref.micro_batches(8) == 4
+  ref_state, ref_m = ref(_put_state(ref, host_state), ref.shard_batch(batch))
+  ref_m, ref_p = jax.device_get(ref_m), jax.device_get(ref_state["params"])
+  step = _step("sharded", (1, 8, 1, 1), **{"train.micro_batches": 4})
+  assert step.micro_batches(8) == 1
+  new_state, m = step(_put_state(step, host_state), step.shard_batch(batch))
+  m, p = jax.device_get(m), jax.device_get(new_state["params"])
+  np.testing.assert_allclose(m["loss/total"], ref_m["loss/total"], rtol=1e-5)
+  _rel_close(m["grads"], ref_m["grads"], what="grads ")
+  _rel_close(p, ref_p, what="params ")
+
+
 def test_context_parallel_step_matches_single_device(base_state_and_batch):
   """Each row's tokens split over `fsdp` (sharding.context_parallel_rules), with the recipe's
   long-context settings (full remat, query-chunked attention, chunked logits): the same loss,

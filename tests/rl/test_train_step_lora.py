@@ -104,9 +104,10 @@ def _rel_close(a, b, rtol, what):
 
 @pytest.mark.slow
 def test_sharded_and_micro_batched_lora_step_matches_one_device():
-  """Expert, FSDP and data parallel (2 x 2 x 2) with 2 micro-batches against one device and
+  """FSDP, expert and tensor parallel (2 x 2 x 2) with 2 micro-batches against one device and
   one micro-batch: same loss, adapter gradients and updated adapters; the routed experts'
-  adapters are split over the expert axis like the experts."""
+  adapters are split over the expert axis like the experts. (The batch's rows are split over
+  fsdp x expert: 4 rows a micro-batch, one a device.)"""
   ref = _step("single")
   host_state = jax.device_get(ref.init_state(jax.random.key(1)))
   # A first step so that B is not zero (the gradient of A is zero while B is).
@@ -116,7 +117,8 @@ def test_sharded_and_micro_batched_lora_step_matches_one_device():
   ref_state, ref_m = ref(jax.device_put(host_state, ref.state_shardings), ref.shard_batch(batch))
   ref_m, ref_p = jax.device_get(ref_m), jax.device_get(ref_state["params"])
 
-  step = _step("sharded", (2, 2, 2, 1), **{"train.micro_batches": 2})
+  step = _step("sharded", (1, 2, 2, 2), **{"train.micro_batches": 2})
+  assert step.micro_batches(8) == 2
   step.set_base(jax.device_get(ref.base))
   state = jax.device_put(host_state, step.state_shardings)
   wi_a = state["params"]["blocks"][0]["ffn"]["wi_gate"]["a"]
