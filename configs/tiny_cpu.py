@@ -121,7 +121,8 @@ def get_config(arg=None):
   c.train.prompts_per_step = 8
   c.train.samples_per_prompt = 4
   # One group per micro-batch: the step skips the micro-batches of filtered groups (all pass or
-  # all fail), which are most of them.
+  # all fail), which are most of them. Over 8 devices the step runs 4 of 8 rows, one a device
+  # (TrainStep.micro_batches).
   c.train.micro_batches = 8
   c.checkpoint.save_every = 2
   if arg == "base":
