@@ -36,9 +36,9 @@ recompute of the old logprobs with the incoming params, the reference policy's l
 the KL penalty is on (a forward pass of the reference per live micro-batch), then
 `train.mini_batches` optimizer updates, each over a strided slice of the batch, each
 accumulating gradients over `train.micro_batches` micro-batches in a lax.scan (fewer where a
-micro-batch would give the devices splitting its rows unequal shares: `micro_batches`). Loss reduction weights are computed per
-mini-batch from the whole mini-batch (rl/reductions.py), so micro-batching and data parallelism
-do not change the loss or the gradients.
+micro-batch would give the devices splitting its rows unequal shares: `micro_batches`). Loss
+reduction weights are computed per mini-batch from the whole mini-batch (rl/reductions.py), so
+micro-batching and data parallelism do not change the loss or the gradients.
 """
 from __future__ import annotations
 
