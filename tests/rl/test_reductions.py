@@ -171,7 +171,7 @@ def test_split_is_strided():
     (16, 8, 1, 8),    # one device: as asked
     (16, 8, 8, 2),    # the tiny default on 8 devices: 2 micro-batches of one row a device
     (16, 4, 2, 4),    # 4 rows a micro-batch over 2 devices: as asked
-    (8, 2, 8, 1),     # fewer rows than devices in any split: the whole mini-batch
+    (8, 2, 8, 1),     # 4 rows a micro-batch for 8 devices: the whole mini-batch, a row each
     (24, 2, 8, 1),    # 12 rows over 8 devices is uneven; 24 is not
     (48, 4, 4, 4)])   # 12 rows over 4: as asked
 def test_micro_batches_give_every_device_the_same_whole_rows(rows, requested, ways, runs):
