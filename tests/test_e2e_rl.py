@@ -3,11 +3,11 @@
 A run on a very small config takes RL steps (rollouts through the gRPC server and the agent
 pool on real worlds, train step, weight sync), checkpoints every step, is killed with SIGKILL
 after its first checkpoint, and a second launch with the same name resumes from the newest
-checkpoint and finishes, writing summary.json (slow, minutes on 2 cores: --run-slow). And two
+checkpoint and finishes, writing summary.json (slow, minutes on 2 cores: --run-slow). Two
 steps with the rollout server as a separate job (`launch.py --mode=serve` watching the weights
-directory the trainer publishes to), and make run's path from a fresh run directory (SFT
-first) with rollouts drawn a step ahead (loop.max_staleness=1); ~30 s each, in the default
-run.
+directory the trainer publishes to; slow, ~1 min). And make run's path from a fresh run
+directory (SFT first) with rollouts drawn a step ahead (loop.max_staleness=1; ~1.5 min, in
+`make test`).
 """
 import hashlib
 import json
@@ -94,6 +94,9 @@ def _free_port() -> int:
     return sock.getsockname()[1]
 
 
+# Slow (`make test-all`, CI; two launches, ~1 min): `make test` keeps its 20-minute budget, and
+# its end-to-end run is the SFT-then-RL test below, with the server in the job.
+@pytest.mark.slow
 def test_rl_steps_with_the_rollout_server_as_a_separate_job(tmp_path):
   env = _env()
   port = _free_port()

@@ -5,6 +5,7 @@ import sys
 import jax
 from jax.flatten_util import ravel_pytree
 import numpy as np
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -38,6 +39,7 @@ def test_pure_noise_gives_no_direction_and_a_large_lower_bound():
   assert r["b_noise_lo95"] > 20          # at least the groups measured
 
 
+@pytest.mark.slow   # a train step per group (~30 s); `make test-all`, CI
 def test_per_group_gradients_sum_to_the_batch_gradient():
   c = train_utils.small_config(**{"train.prompts_per_step": 3})
   c.mesh.shape = (1, 1, 1, 1)             # a group's 4 rows on one device

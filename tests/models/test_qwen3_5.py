@@ -249,13 +249,23 @@ def _loss_and_grads(cfg, params, tokens):
   return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
 
 
-@pytest.mark.parametrize("unroll", [0, 2, -1])
-def test_scan_unroll_gives_the_same_logits_and_gradients(two_cycle_model, unroll):
+@pytest.fixture(scope="module")
+def scanned_reference(two_cycle_model):
+  """Tokens, and the logits and gradients of a scan of one cycle a step (scan_unroll=1)."""
   cfg, params = two_cycle_model
   tokens = jnp.asarray(np.random.default_rng(4).integers(0, cfg.vocab_size, (2, 24)), jnp.int32)
+  (_, logits), grads = _loss_and_grads(cfg.replace(scan_unroll=1), params, tokens)
+  return tokens, logits, grads
+
+
+# Not -1 (auto): on this 2-cycle model it resolves to 2, the same program as the case 2
+# (test_auto_scan_unroll_unrolls_shallow_models_and_scans_deep_ones checks the resolution).
+@pytest.mark.parametrize("unroll", [0, 2])
+def test_scan_unroll_gives_the_same_logits_and_gradients(two_cycle_model, scanned_reference,
+                                                         unroll):
+  cfg, params = two_cycle_model
+  tokens, ref_logits, ref_grads = scanned_reference
   (_, logits), grads = _loss_and_grads(cfg.replace(scan_unroll=unroll), params, tokens)
-  # The reference: a scan of one cycle a step.
-  (_, ref_logits), ref_grads = _loss_and_grads(cfg.replace(scan_unroll=1), params, tokens)
   np.testing.assert_allclose(logits, ref_logits, atol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), grads, ref_grads)
 

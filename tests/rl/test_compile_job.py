@@ -31,7 +31,10 @@ def _small(**overrides):
   return c
 
 
-@pytest.mark.parametrize("target", ["v5p:2x2x1", "h200:1x2"])
+# The GPU case is slow (`make test-all`, CI; a minute of compile), to keep `make test` within
+# its 20-minute budget on 2 cores: the quick suite compiles the RL step for h200:1x2 through
+# test_launch_compile_mode_prints_a_report_and_a_json_last_line.
+@pytest.mark.parametrize("target", ["v5p:2x2x1", pytest.param("h200:1x2", marks=pytest.mark.slow)])
 def test_the_tiny_job_compiles_for_a_tpu_slice_and_for_two_gpus(target):
   """Every program of the job compiles for the target and reports memory against the device's
   HBM, FLOPs against the model's, and collectives."""
@@ -61,6 +64,7 @@ def test_the_tiny_job_compiles_for_a_tpu_slice_and_for_two_gpus(target):
     assert step["estimated_seconds"] > 0 and 0 < step["estimated_mfu"] < 1
 
 
+@pytest.mark.slow   # two engine compiles for two GPUs; `make test-all`, CI
 def test_whole_engine_weights_leave_the_decode_step_no_weight_to_gather():
   """rollout.whole_weights: the generate step for two H200s moves no weight (its FSDP-split
   weights were all-gathered every step), and the planner's bytes still track its arguments."""
@@ -75,6 +79,7 @@ def test_whole_engine_weights_leave_the_decode_step_no_weight_to_gather():
   assert gathered[True] == 0 and gathered[False] > weights / 4, (gathered, weights)
 
 
+@pytest.mark.slow   # two RL-step compiles for two GPUs (~1.5 min); `make test-all`, CI
 def test_the_fused_gated_deltanet_walk_cuts_the_gpu_steps_kernel_launches():
   """model.gdn_scan=fused compiles the RL step for two H200s with the walk as Triton kernels
   (in their shard_map) and fewer launches than the scan over chunks, at the same FLOPs."""
@@ -88,6 +93,7 @@ def test_the_fused_gated_deltanet_walk_cuts_the_gpu_steps_kernel_launches():
   assert fused["flops"] <= scan["flops"]
 
 
+@pytest.mark.slow   # two engine compiles for two GPUs; `make test-all`, CI
 def test_the_fused_decode_attention_leaves_the_gpu_decode_step_no_loop_over_the_cache():
   """model.decode_attention=fused compiles the engine's generate step for two H200s with each
   attention layer's read of the cache one Triton kernel (in its shard_map): the loop over the

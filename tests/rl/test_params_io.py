@@ -102,10 +102,11 @@ def test_load_params_restores_params_saved_on_another_topology(tmp_path):
   d = str(tmp_path / "sft")
   # Saved on more devices than this process has (orbax accepts a shardless target only when
   # the saved topology fits the present one).
-  # Compiled as this process compiles (LLVM -O0, tests/conftest.py): the params are drawn there
-  # and here, and compared bit for bit (at another level the normal draw differs by an ulp).
+  # Compiled as this process compiles (tests/conftest.py's TEST_COMPILE_FLAGS): the params are
+  # drawn there and here, and compared bit for bit (at another level the normal draw differs by
+  # an ulp).
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=16"
-             " --xla_backend_optimization_level=0")
+             " --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
   subprocess.run([sys.executable, "-c", _SAVE_ON_16_DEVICES, ROOT, d], env=env, check=True,
                  capture_output=True, timeout=300)
   c = tiny_cpu.get_config()

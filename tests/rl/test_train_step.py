@@ -330,10 +330,10 @@ def test_micro_batches_of_fewer_rows_than_devices_run_whole_and_match_one_device
   """train.micro_batches=4 on 8 rows split over 8 devices would give a micro-batch 2 rows for 8
   devices (XLA gathers and replicates each such micro-batch: the tiny default's step took 8x
   the time, docs/results.md). The step runs the 8 rows as one micro-batch, with one device's
-  loss, gradients and update at 4 micro-batches."""
+  loss, gradients and update (one device's step is the same at 1 and 4 micro-batches:
+  test_micro_batches_match_with_model; the base step here is compiled once for the module)."""
   host_state, batch = base_state_and_batch
-  ref = _step("single", **{"train.micro_batches": 4})
-  assert ref.micro_batches(8) == 4
+  ref = _step("single")
   ref_state, ref_m = ref(_put_state(ref, host_state), ref.shard_batch(batch))
   ref_m, ref_p = jax.device_get(ref_m), jax.device_get(ref_state["params"])
   step = _step("sharded", (1, 8, 1, 1), **{"train.micro_batches": 4})
