@@ -3,6 +3,7 @@
 Eight fake CPU devices are created before jax is imported anywhere, so sharding tests can
 build real meshes; single-device code simply runs on device 0.
 """
+import functools
 import os
 import sys
 
@@ -18,17 +19,36 @@ import pytest  # noqa: E402
 # tests/models/test_qwen3_5.py's compiles from 229 to 156 s, the file from 300 to 221 s, on a
 # 2-core machine). The numerics are checked against the same tolerances; the few bit-for-bit
 # comparisons of two differently written programs compile with the default emitters
-# (`compiler_options={"xla_cpu_use_fusion_emitters": True}`), under which the claim is made.
+# (the `default_emitters_jit` fixture below), under which the claim is made.
 # The programs the tests launch as processes (launch.py, the pods, the servers) inherit the
 # flags without these and compile as users' runs do: XLA reads XLA_FLAGS once per process, at
 # its first compile, which happens here.
 TEST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
-if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
-  _flags = os.environ["XLA_FLAGS"]
+_flags = os.environ["XLA_FLAGS"]
+_set_here = "xla_backend_optimization_level" not in _flags
+if _set_here:
   os.environ["XLA_FLAGS"] = f"{_flags} {TEST_COMPILE_FLAGS}"
-  import jax  # noqa: E402  (after the flags: the first compile reads them)
+
+import jax  # noqa: E402  (after the flags: the first compile reads them)
+
+if _set_here:
   jax.jit(lambda x: x + 1)(0).block_until_ready()
   os.environ["XLA_FLAGS"] = _flags
+
+
+@pytest.fixture(scope="session")
+def test_compile_flags() -> str:
+  """TEST_COMPILE_FLAGS, for a subprocess whose results must equal this process's bit for bit."""
+  return TEST_COMPILE_FLAGS
+
+
+@pytest.fixture(scope="session")
+def default_emitters_jit():
+  """jax.jit compiling with XLA:CPU's default fusion emitters, as users' runs do: for two
+  differently written programs compared bit for bit (under the older emitters of this process
+  the LoRA-adapted and the plain forward round apart by ~1e-7)."""
+  return functools.partial(jax.jit, compiler_options={"xla_cpu_use_fusion_emitters": True})
+
 
 # Files that take the longest (clean-clone timings), sent first so that under `make test`'s two
 # processes (pytest-xdist, one file per process at a time) no long file starts last.

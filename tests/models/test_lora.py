@@ -1,7 +1,5 @@
 """Low-rank adapters: the adapted model at init, against the explicit merged weights, their
 sharding, which leaves they adapt and what the gradient reaches."""
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,14 +28,8 @@ def model():
   return cfg, params, tokens
 
 
-# The programs compared bit for bit compile with XLA:CPU's default fusion emitters, as users'
-# runs do; this process's other programs use the older ones (tests/conftest.py), under which
-# the adapted and the plain forward round differently (~1e-7).
-_jit = functools.partial(jax.jit, compiler_options={"xla_cpu_use_fusion_emitters": True})
-
-
-def _adapted_logits(cfg, params, adapters, tokens, scale):
-  return _jit(lambda p, a, t: qwen3_5.forward(cfg, lora.attach(p, a, scale), t))(
+def _adapted_logits(jit, cfg, params, adapters, tokens, scale):
+  return jit(lambda p, a, t: qwen3_5.forward(cfg, lora.attach(p, a, scale), t))(
       params, adapters, tokens)
 
 
@@ -55,7 +47,7 @@ def test_lora_off_by_default_and_rank_zero_is_off():
   assert lora.from_config(base.get_config().lora) is None
 
 
-def test_adapted_model_equals_the_base_bit_for_bit_at_init(model):
+def test_adapted_model_equals_the_base_bit_for_bit_at_init(model, default_emitters_jit):
   cfg, params, tokens = model
   spec = _spec()
   adapters = lora.init(spec, qwen3_5.param_axes(cfg), params, jax.random.key(2))
@@ -63,8 +55,9 @@ def test_adapted_model_equals_the_base_bit_for_bit_at_init(model):
              for p, x in jax.tree_util.tree_leaves_with_path(adapters) if p[-1].key == "b")
   assert any(float(jnp.abs(x).max()) > 0.0
              for p, x in jax.tree_util.tree_leaves_with_path(adapters) if p[-1].key == "a")
-  base_logits = _jit(lambda p, t: qwen3_5.forward(cfg, p, t))(params, tokens)
-  got = _adapted_logits(cfg, params, adapters, tokens, spec.scale)
+  jit = default_emitters_jit   # two programs compared bit for bit
+  base_logits = jit(lambda p, t: qwen3_5.forward(cfg, p, t))(params, tokens)
+  got = _adapted_logits(jit, cfg, params, adapters, tokens, spec.scale)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(base_logits))
 
 
@@ -88,20 +81,22 @@ def _explicit_merge(params, adapters, scale):
   return params
 
 
-def test_lora_forward_equals_the_forward_of_the_explicitly_merged_weights(model):
+def test_lora_forward_equals_the_forward_of_the_explicitly_merged_weights(model,
+                                                                         default_emitters_jit):
   cfg, params, tokens = model
   spec = _spec(rank=3, alpha=6.0)
   adapters = _random_b(lora.init(spec, qwen3_5.param_axes(cfg), params, jax.random.key(2)))
-  got = np.asarray(_adapted_logits(cfg, params, adapters, tokens, spec.scale))
+  jit = default_emitters_jit   # `got` is compared bit for bit below
+  got = np.asarray(_adapted_logits(jit, cfg, params, adapters, tokens, spec.scale))
   merged = _explicit_merge(params, adapters, spec.scale)
   want = np.asarray(jax.jit(lambda p, t: qwen3_5.forward(cfg, p, t))(merged, tokens))
   base_logits = np.asarray(jax.jit(lambda p, t: qwen3_5.forward(cfg, p, t))(params, tokens))
   assert np.abs(want - base_logits).max() > 1e-2          # the adapters change the model
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   # lora.merge (the engine's and the merged export's) is the layer scan's merge.
-  whole = _jit(lambda p, a: lora.merge(p, a, spec.scale))(params, adapters)
+  whole = jit(lambda p, a: lora.merge(p, a, spec.scale))(params, adapters)
   np.testing.assert_array_equal(
-      np.asarray(_jit(lambda p, t: qwen3_5.forward(cfg, p, t))(whole, tokens)), got)
+      np.asarray(jit(lambda p, t: qwen3_5.forward(cfg, p, t))(whole, tokens)), got)
 
 
 def test_targets_adapt_attention_gdn_shared_and_routed_experts_but_not_the_router(model):

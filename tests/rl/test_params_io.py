@@ -96,17 +96,16 @@ params_io.save_params(sys.argv[2], jax.device_put(params, on_all), {"steps": 4},
 """
 
 
-def test_load_params_restores_params_saved_on_another_topology(tmp_path):
+def test_load_params_restores_params_saved_on_another_topology(tmp_path, test_compile_flags):
   # A CPU run's SFT params read by a GPU run (or another mesh): orbax refuses a target without
   # shardings when the saved topology differs, which once sent such a run back to SFT.
   d = str(tmp_path / "sft")
   # Saved on more devices than this process has (orbax accepts a shardless target only when
   # the saved topology fits the present one).
-  # Compiled as this process compiles (tests/conftest.py's TEST_COMPILE_FLAGS): the params are
-  # drawn there and here, and compared bit for bit (at another level the normal draw differs by
-  # an ulp).
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=16"
-             " --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
+  # Compiled as this process compiles (tests/conftest.py): the params are drawn there and here,
+  # and compared bit for bit (at another level the normal draw differs by an ulp).
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=f"--xla_force_host_platform_device_count=16 {test_compile_flags}")
   subprocess.run([sys.executable, "-c", _SAVE_ON_16_DEVICES, ROOT, d], env=env, check=True,
                  capture_output=True, timeout=300)
   c = tiny_cpu.get_config()

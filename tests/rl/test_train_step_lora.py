@@ -1,6 +1,5 @@
 """The train step with LoRA: only adapters train over a frozen base, the KL reference is the
 base, sharded equals one device, and an adapter checkpoint resumes exactly."""
-import functools
 import os
 import sys
 
@@ -159,13 +158,11 @@ def test_kill_and_restore_of_an_adapter_checkpoint_reproduces_the_next_steps(tmp
   ck2.close()
 
 
-def test_the_model_the_step_runs_is_the_base_with_the_adapters_merged():
+def test_the_model_the_step_runs_is_the_base_with_the_adapters_merged(default_emitters_jit):
   step = _step("single")
   state = step.init_state(jax.random.key(1))
   tokens = jnp.asarray(train_utils.make_batch(step.config, seed=3)["tokens"])
-  # Compiled with XLA:CPU's default fusion emitters, as users' runs are (this process's other
-  # programs use the older ones, tests/conftest.py, under which the two round apart by ~1e-7).
-  jit = functools.partial(jax.jit, compiler_options={"xla_cpu_use_fusion_emitters": True})
+  jit = default_emitters_jit   # two programs compared bit for bit
   with sharding.use_mesh(step.mesh, step.rules):
     got = jit(lambda a, t: qwen3_5.forward(step.model_cfg, step.model_params(a), t))(
         state["params"], tokens)
