@@ -46,6 +46,7 @@ import math
 import os
 import re
 import sys
+import time
 from typing import Any, Optional
 
 from jax._src import xla_bridge  # the registry of topology factories: no public accessor
@@ -178,7 +179,21 @@ def _load_cuda_plugin() -> None:
   # Compiling needs no CUDA runtime: the plugin's check of the installed CUDA libraries would
   # refuse to load without them unless JAX_PLATFORMS already leaves CUDA out.
   os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+  _use_pinned_ptxas()
   plugin.initialize()
+
+
+def _use_pinned_ptxas() -> None:
+  """Points XLA:GPU at the pinned nvidia-cuda-nvcc-cu12 (ptxas, libdevice) beside the plugin.
+
+  Without it XLA looks for a CUDA toolkit (/usr/local/cuda, PATH) and, on a machine without
+  one, fails with "libdevice not found". The plugin reads XLA_FLAGS when it starts (its own
+  copy of XLA), so this goes before `initialize`; a user's own `--xla_gpu_cuda_data_dir` wins.
+  """
+  nvcc = os.path.join(GPU_COMPILER_DIR, "nvidia", "cuda_nvcc")
+  flags = os.environ.get("XLA_FLAGS", "")
+  if os.path.isfile(os.path.join(nvcc, "bin", "ptxas")) and "xla_gpu_cuda_data_dir" not in flags:
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_gpu_cuda_data_dir={nvcc}".strip()
 
 
 # ------------------------------------------------------------------------------ HLO analysis
@@ -429,6 +444,25 @@ _OOM = (re.compile(r"Used ([0-9.]+)([KMGT])? of ([0-9.]+)([KMGT])? (?:hbm|memory
         re.compile(r"HLO temporaries \(([0-9.]+)([KMGT])?\) exceeds available HBM \(([0-9.]+)([KMGT])?\)",
                    re.I))
 _UNIT = {None: 1, "": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def compile_lowered(lowered, attempts: int = 3, wait_s: float = 10.0):
+  """`lowered.compile()`, tried again when XLA:GPU could not start `ptxas`.
+
+  XLA:GPU runs ptxas as a child process for each kernel; on a machine short of processes or
+  memory for a moment, starting one fails ("Failed to launch ptxas") where the next try starts
+  it. Any other error, or the same one `attempts` times, is raised.
+  """
+  for attempt in range(1, attempts):
+    try:
+      return lowered.compile()
+    except Exception as e:  # pylint: disable=broad-except
+      if "Failed to launch ptxas" not in str(e):
+        raise
+      print(f"XLA:GPU could not start ptxas (try {attempt} of {attempts}); compiling again in "
+            f"{wait_s:.0f} s", file=sys.stderr, flush=True)
+      time.sleep(wait_s)
+  return lowered.compile()
 
 
 def out_of_memory(error: BaseException) -> Optional[dict]:

@@ -143,7 +143,7 @@ def compile_one(name: str, lowered, spec: aot.DeviceSpec, n_devices: int,
   t0 = time.time()
   row: dict[str, Any] = {"program": name}
   try:
-    compiled = lowered.compile()
+    compiled = aot.compile_lowered(lowered)
   except Exception as e:  # pylint: disable=broad-except
     oom = aot.out_of_memory(e)
     if oom is None:

@@ -1,4 +1,8 @@
 """models/aot.py: targets, compile-only devices and what is read from a compiled program."""
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -171,3 +175,65 @@ def test_each_gpu_kind_has_a_target_config_the_compiler_accepts(kind):
   x = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16, sharding=sh)
   compiled = jax.jit(lambda a: (a @ a.T).sum()).lower(x).compile()
   assert aot.analyse(compiled, spec)["hbm_bytes"] == spec.hbm_bytes
+
+
+_PINNED_PTXAS_PROBE = """
+import os, sys, jax, jax.numpy as jnp
+from models import aot
+d = aot.target_devices("h200:1x1")[0]
+sh = jax.sharding.SingleDeviceSharding(d)
+x = jax.ShapeDtypeStruct((64, 64), jnp.bfloat16, sharding=sh)
+if sys.argv[1:] == ["compile"]:
+  jax.jit(lambda a: jnp.tanh(a @ a).sum()).lower(x).compile()
+print(os.environ.get("XLA_FLAGS", ""))
+"""
+
+
+@pytest.mark.parametrize("own_dir", [None, "/opt/my-cuda"])
+def test_gpu_compiles_assemble_with_the_pinned_ptxas_unless_the_user_names_a_cuda_dir(own_dir):
+  """XLA:GPU assembles kernels with ptxas and links libdevice: the compile points it at the
+  pinned nvidia-cuda-nvcc-cu12 beside the plugin (no CUDA toolkit needed on the machine), and a
+  user's own --xla_gpu_cuda_data_dir is kept as given."""
+  nvcc = os.path.join(aot.GPU_COMPILER_DIR, "nvidia", "cuda_nvcc")
+  assert os.path.isfile(os.path.join(nvcc, "bin", "ptxas"))
+  assert os.path.isfile(os.path.join(nvcc, "nvvm", "libdevice", "libdevice.10.bc"))
+  flags = "--xla_force_host_platform_device_count=1"
+  if own_dir:
+    flags += f" --xla_gpu_cuda_data_dir={own_dir}"
+  # A made-up CUDA dir is not compiled with; its case reads the flags only.
+  args = ["compile"] if own_dir is None else []
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=flags, PYTHONPATH=root)
+  out = subprocess.run([sys.executable, "-c", _PINNED_PTXAS_PROBE, *args], cwd=root, env=env, capture_output=True,
+                       text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  final_flags = out.stdout.strip().splitlines()[-1]
+  want = own_dir or nvcc
+  assert final_flags.count("xla_gpu_cuda_data_dir") == 1
+  assert f"--xla_gpu_cuda_data_dir={want}" in final_flags
+
+
+class _Lowered:
+  """A lowered program whose compile fails as XLA:GPU does when ptxas cannot start, `fails`
+  times, then compiles (an injected fault: the real one depends on the machine's load)."""
+
+  def __init__(self, fails: int, message: str = "INTERNAL: Failed to launch ptxas"):
+    self.fails, self.message, self.calls = fails, message, 0
+
+  def compile(self):
+    self.calls += 1
+    if self.calls <= self.fails:
+      raise jax.errors.JaxRuntimeError(self.message)
+    return "compiled"
+
+
+def test_a_compile_that_could_not_start_ptxas_is_tried_again_and_other_errors_are_not(capsys):
+  lowered = _Lowered(fails=2)
+  assert aot.compile_lowered(lowered, attempts=3, wait_s=0) == "compiled" and lowered.calls == 3
+  assert "could not start ptxas (try 2 of 3)" in capsys.readouterr().err
+  with pytest.raises(jax.errors.JaxRuntimeError, match="ptxas"):
+    aot.compile_lowered(_Lowered(fails=3), attempts=3, wait_s=0)
+  other = _Lowered(fails=1, message="RESOURCE_EXHAUSTED: out of memory")
+  with pytest.raises(jax.errors.JaxRuntimeError, match="RESOURCE_EXHAUSTED"):
+    aot.compile_lowered(other, attempts=3, wait_s=0)
+  assert other.calls == 1
