@@ -40,7 +40,7 @@ $(RUN_STAMP): requirements.txt requirements-nodeps.txt requirements.lock
 	@$(PIP) --no-deps -r requirements-nodeps.txt -c requirements.lock $(PIP_FILTER)
 	touch $(RUN_STAMP)
 
-# The TPU compiler (libtpu, ~0.7 GB) into .venv and XLA:GPU (the CUDA plugin, ~0.5 GB) beside
+# The TPU compiler (libtpu, ~0.7 GB) into .venv and XLA:GPU (the CUDA plugin and ptxas, ~0.6 GB) beside
 # it in .venv/gpu-compiler, for --mode=compile (requirements-compile*.txt say why apart).
 $(COMPILE_STAMP): $(RUN_STAMP) requirements-compile.txt requirements-compile-gpu.txt
 	@echo "pip install -r requirements-compile.txt (into $(VENV)), -r requirements-compile-gpu.txt (into $(VENV)/gpu-compiler)"
