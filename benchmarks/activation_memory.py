@@ -69,8 +69,9 @@ def _place(tree, device):
 
 
 def _compile(fn, args, device):
-  """jit(grad(fn)) compiled for `device` (None = this CPU)."""
-  return jax.jit(jax.value_and_grad(fn)).lower(*_place(args, device)).compile()
+  """jit(grad(fn)) compiled for `device` (None = this CPU; a GPU's ptxas that could not start
+  is tried again, `aot.compile_lowered`)."""
+  return aot.compile_lowered(jax.jit(jax.value_and_grad(fn)).lower(*_place(args, device)))
 
 
 def temp_bytes(fn, args, device) -> int:
