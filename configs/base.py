@@ -354,6 +354,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.sft = ml_collections.ConfigDict()
   c.sft.steps = 0                    # optimizer steps of the warm start; 0 = no SFT before RL
   c.sft.batch_size = 8               # trajectories per SFT step
+  c.sft.micro_batches = 1            # a step's rows in this many sequential micro-batches, gradients summed (memory; same loss and gradient)
   c.sft.lr = 1e-5                    # peak learning rate (AdamW whatever optim.name; other optim.* knobs shared)
   c.sft.warmup_steps = 10            # linear warmup, then sft.schedule
   c.sft.schedule = "cosine"          # after warmup: cosine (to 10% of lr) | constant

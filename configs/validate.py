@@ -28,7 +28,7 @@ NON_NEGATIVE = ("train.steps", "sft.steps", "checkpoint.save_every", "checkpoint
 # Counts that must be at least 1.
 POSITIVE = ("train.prompts_per_step", "train.samples_per_prompt", "train.mini_batches",
             "train.micro_batches", "train.max_draws", "train.max_context", "train.seq_len",
-            "sft.batch_size", "harness.num_workers", "harness.max_turns",
+            "sft.batch_size", "sft.micro_batches", "harness.num_workers", "harness.max_turns",
             "harness.max_tokens_per_turn", "loop.eval_samples", "eval.concurrency",
             "rollout.max_slots", "rollout.max_len")
 # Tuples whose entries are integers (ml_collections parses `--config.k=abc` on a tuple field

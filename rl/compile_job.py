@@ -40,6 +40,7 @@ from models import config as config_lib
 from models import qwen3_5
 from models import sharding
 from rl import plan
+from rl import reductions
 from rl import sft
 from rl import train_step
 from rl.rollout import capacity
@@ -110,11 +111,14 @@ def sft_step_program(config, mesh, seq_len: int):
   batch = {"tokens": _sds((rows, seq_len), jnp.int32, bsh(2)),
            "loss_mask": _sds((rows, seq_len), jnp.int32, bsh(2)),
            "lengths": _sds((rows,), jnp.int32, bsh(1))}
-  step, _ = sft.sft_steps(config, mc, opt, backend=mesh.devices.flat[0].platform)
+  ways = sharding.ways(mesh.shape, rules, "batch")
+  step, _ = sft.sft_steps(config, mc, opt, backend=mesh.devices.flat[0].platform, batch_ways=ways)
   with sharding.use_mesh(mesh, rules):
     lowered = step.lower(sharding.with_shardings(p_shapes, p_sh),
                          sharding.with_shardings(o_shapes, o_sh), batch, None)
-  return lowered, model_flops(mc, rows, seq_len), f"{rows} rows x {seq_len} tokens"
+  micro = reductions.micro_batch_count(rows, int(config.sft.micro_batches), ways)
+  return (lowered, model_flops(mc, rows, seq_len),
+          f"{rows} rows x {seq_len} tokens in {micro} micro-batch(es)")
 
 
 def engine_programs(config, devices, buckets) -> tuple[dict, dict]:

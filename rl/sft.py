@@ -31,6 +31,7 @@ from envs.tasks import task_file
 from models import qwen3_5
 from models import xla_flags
 from rl import distributed
+from rl import reductions
 from rl.metrics import Metrics
 from rl.metrics import progress_bar
 from rl.metrics import quiet_logs
@@ -63,6 +64,25 @@ def sft_loss(model_cfg, params, batch, lm_weight: float = 0.0):
     every = ((pos >= 1) & (pos < batch["lengths"][:, None])).astype(lp.dtype)
     loss = loss + lm_weight * -(lp * every).sum() / jnp.maximum(every.sum(), 1.0)
   return loss
+
+
+def sft_token_weights(batch, lm_weight: float = 0.0):
+  """[rows, positions] float32 weights w with sft_loss = -sum(w * logp): 1 / (the batch's
+  assistant tokens) on each assistant token, plus lm_weight / (its valid next-token positions) on
+  each of those. Taken over the whole batch, they make its micro-batches' losses sum to its own."""
+  mask = jnp.asarray(batch["loss_mask"], jnp.float32)
+  w = mask / jnp.maximum(mask.sum(), 1.0)
+  if lm_weight:
+    pos = jnp.arange(mask.shape[1])[None, :]
+    every = ((pos >= 1) & (pos < jnp.asarray(batch["lengths"])[:, None])).astype(jnp.float32)
+    w = w + lm_weight * every / jnp.maximum(every.sum(), 1.0)
+  return w
+
+
+def weighted_token_loss(model_cfg, params, batch):
+  """-sum(weights * logp) of a (micro-)batch {"tokens", "weights"} (`sft_token_weights`)."""
+  lp, _ = token_logprobs(model_cfg, params, batch["tokens"], 1.0)
+  return -(lp * batch["weights"]).sum()
 
 
 def copy_drill_batch(rng, rows: int, length: int, low: int, high: int, row_len: int = 0) -> dict:
@@ -221,13 +241,22 @@ def sft_train(config, data: dict, params, metrics: Optional[Metrics] = None,
   return params
 
 
-def sft_steps(config, model_cfg, opt, backend: Optional[str] = None) -> tuple:
+def sft_steps(config, model_cfg, opt, backend: Optional[str] = None,
+              batch_ways: int = 1) -> tuple:
   """The jitted SFT updates: (params, opt_state, batch, drill) with the copy drill's rows added
   at sft.copy_drill_weight, and (params, opt_state, drill) on drill rows alone (where a small
   model first forms the content-copy circuit; cheap steps). Each returns (params, opt_state,
-  loss, grad norm, drill loss)."""
+  loss, grad norm, drill loss).
+
+  The batch's rows go through the model in sft.micro_batches sequential micro-batches, their
+  gradients summed in float32, so a step holds one micro-batch's activations: fewer where that
+  count would leave the `batch_ways` devices splitting a micro-batch's rows unequal shares
+  (`reductions.micro_batch_count`, as the RL step does). The loss and gradient are the whole
+  batch's either way (`sft_token_weights`); the drill's rows, few and short, go in whole.
+  """
   lm_weight = float(config.sft.lm_loss_weight)
   drill_weight = float(config.sft.copy_drill_weight)
+  micro_batches = int(config.sft.micro_batches)
   # `backend`: the platform the steps compile for (default: this process's; the compile mode
   # builds them for compile-only devices, rl/compile_job.py).
 
@@ -236,19 +265,37 @@ def sft_steps(config, model_cfg, opt, backend: Optional[str] = None) -> tuple:
     drill_loss = sft_loss(model_cfg, p, drill) if drill is not None else 0.0
     return loss + drill_weight * drill_loss, drill_loss
 
+  def loss_and_grads(p, batch, drill):
+    """((loss, drill loss), grads) of total_loss, the batch in micro-batches."""
+    n = reductions.micro_batch_count(batch["tokens"].shape[0], micro_batches, batch_ways)
+    if n == 1:
+      return jax.value_and_grad(total_loss, has_aux=True)(p, batch, drill)
+    weighted = {"tokens": batch["tokens"], "weights": sft_token_weights(batch, lm_weight)}
+    (loss, _), grads = reductions.microbatched_value_and_grad(
+        lambda q, mb: (weighted_token_loss(model_cfg, q, mb), ()), p, weighted, n)
+    if drill is None:
+      return (loss, 0.0), grads
+    drill_loss, drill_grads = jax.value_and_grad(
+        lambda q: sft_loss(model_cfg, q, drill))(p)
+    grads = jax.tree.map(lambda g, d: g + drill_weight * d, grads, drill_grads)
+    return (loss + drill_weight * drill_loss, drill_loss), grads
+
+  def drill_only(p, drill):
+    return jax.value_and_grad(lambda q: (sft_loss(model_cfg, q, drill),) * 2, has_aux=True)(p)
+
   jit = functools.partial(jax.jit,
                           compiler_options=xla_flags.compiler_options(config.train.xla_cpu_dots,
                                                                       backend))
 
-  def make_step(loss_fn):
+  def make_step(grads_fn):
     @jit
     def step(params, opt_state, *batches):
-      (loss, drill_loss), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, *batches)
+      (loss, drill_loss), grads = grads_fn(params, *batches)
       params, opt_state, _ = apply_optimizer(opt, grads, opt_state, params)  # dtypes kept
       return params, opt_state, loss, optax.global_norm(grads), drill_loss
     return step
 
-  return make_step(total_loss), make_step(lambda p, drill: (sft_loss(model_cfg, p, drill),) * 2)
+  return make_step(loss_and_grads), make_step(drill_only)
 
 
 def collect_oracle(config, tasks) -> list:

@@ -45,6 +45,60 @@ def test_sft_loss_adds_the_weighted_next_token_loss_over_the_valid_length():
                              rtol=1e-5)
 
 
+def _sft_step(c, cfg, params, batch, drill):
+  """(new params, (loss, grad norm, drill loss), temporary bytes) of one compiled SFT step."""
+  opt = sft.sft_optimizer(c)
+  step, _ = sft.sft_steps(c, cfg, opt)
+  state = opt.init(params)
+  compiled = step.lower(params, state, batch, drill).compile()
+  new, _, loss, gnorm, drill_loss = compiled(params, state, batch, drill)
+  return new, (float(loss), float(gnorm), float(drill_loss)), \
+      compiled.memory_analysis().temp_size_in_bytes
+
+
+def test_micro_batched_sft_steps_take_the_whole_batchs_loss_gradient_and_update():
+  """sft.micro_batches runs a step's rows a micro-batch at a time, in less memory: with the
+  weights of the whole batch (its assistant tokens, its valid positions for the
+  language-modelling term) the summed loss, the gradient's norm and the updated params are the
+  whole batch's. 4 does not divide 6 rows, so the step runs 3 micro-batches of 2; the drill's
+  rows are added once."""
+  c = tiny_cpu.get_config()
+  with c.unlocked():
+    c.sft.lm_loss_weight, c.sft.copy_drill_weight = 0.5, 0.25
+    c.sft.lr, c.sft.warmup_steps, c.sft.schedule = 1e-3, 0, "constant"
+    # Adam's first step moves each weight by lr * g / (|g| + eps): with the usual eps a
+    # gradient entry within rounding of zero moves by up to lr whichever way it rounds; with
+    # eps = 1 the move is ~lr * g, so equal updates mean equal gradients, entry by entry.
+    c.optim.eps = 1.0
+  cfg = qwen3_5.config_from_dict(c.model)
+  params = qwen3_5.init_params(cfg, jax.random.key(0))
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(9, 1000, (6, 96)).astype(np.int32)
+  lengths = np.array([96, 80, 52, 96, 36, 68], np.int32)
+  mask = np.zeros((6, 96), np.float32)
+  for r, (a, b) in enumerate([(48, 80), (32, 44), (20, 52), (12, 16), (24, 36), (40, 68)]):
+    mask[r, a:b] = 1                       # a different number of assistant tokens a row
+  batch = {"tokens": tokens, "loss_mask": mask, "lengths": lengths}
+  drill = sft.copy_drill_batch(rng, rows=2, length=5, low=9, high=1000)
+  runs = {}
+  for micro in (1, 4):
+    with c.unlocked():
+      c.sft.micro_batches = micro
+    runs[micro] = _sft_step(c, cfg, params, batch, drill)
+  (whole, figures, whole_temp), (new, micro_figures, micro_temp) = runs[1], runs[4]
+  np.testing.assert_allclose(micro_figures, figures, rtol=2e-5)
+  for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(whole)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-8)
+  moved = [bool((np.asarray(a) != np.asarray(b)).any())
+           for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(params))]
+  assert sum(moved) > len(moved) / 2
+  assert micro_temp < 0.6 * whole_temp, (micro_temp, whole_temp)
+  np.testing.assert_allclose(  # the weights' loss is sft_loss
+      float(sft.weighted_token_loss(cfg, params, {"tokens": tokens, "weights":
+                                                    sft.sft_token_weights(batch, 0.5)})),
+      float(sft.sft_loss(cfg, params, batch, 0.5)), rtol=1e-5)
+
+
 def test_copy_drill_rows_repeat_their_first_half_and_score_only_the_predictable_copy():
   d = sft.copy_drill_batch(np.random.default_rng(0), rows=4, length=6, low=9, high=20)
   assert d["tokens"].shape == (4, 12) and d["tokens"].dtype == np.int32
