@@ -203,6 +203,7 @@ def sft_train(config, data: dict, params, metrics: Optional[Metrics] = None,
   opt = sft_optimizer(config)
   step, drill_step = sft_steps(config, model_cfg, opt)
   eval_fn = sft_eval_fn(model_cfg) if val_data is not None and config.sft.eval_every else None
+  params = jax.tree.map(jnp.copy, params)   # the steps donate theirs; the caller's stay whole
   opt_state = opt.init(params)
   rows = np.flatnonzero(data["loss_mask"].sum(1) > 0)
   rng = np.random.default_rng(config.seed)
@@ -246,7 +247,7 @@ def sft_steps(config, model_cfg, opt, backend: Optional[str] = None,
   """The jitted SFT updates: (params, opt_state, batch, drill) with the copy drill's rows added
   at sft.copy_drill_weight, and (params, opt_state, drill) on drill rows alone (where a small
   model first forms the content-copy circuit; cheap steps). Each returns (params, opt_state,
-  loss, grad norm, drill loss).
+  loss, grad norm, drill loss), and takes over (donates) the params and opt_state it is given.
 
   The batch's rows go through the model in sft.micro_batches sequential micro-batches, their
   gradients summed in float32, so a step holds one micro-batch's activations: fewer where that
@@ -288,7 +289,9 @@ def sft_steps(config, model_cfg, opt, backend: Optional[str] = None,
                                                                       backend))
 
   def make_step(grads_fn):
-    @jit
+    # params and opt_state are donated: the step's outputs take their buffers, so a device
+    # holds one copy of each (the 35B-A3B's SFT step on 16 H200s: 24 GiB a device less).
+    @functools.partial(jit, donate_argnums=(0, 1))
     def step(params, opt_state, *batches):
       (loss, drill_loss), grads = grads_fn(params, *batches)
       params, opt_state, _ = apply_optimizer(opt, grads, opt_state, params)  # dtypes kept

@@ -49,6 +49,7 @@ def _sft_step(c, cfg, params, batch, drill):
   """(new params, (loss, grad norm, drill loss), temporary bytes) of one compiled SFT step."""
   opt = sft.sft_optimizer(c)
   step, _ = sft.sft_steps(c, cfg, opt)
+  params = jax.tree.map(jnp.copy, params)    # the step donates its params and state
   state = opt.init(params)
   compiled = step.lower(params, state, batch, drill).compile()
   new, _, loss, gnorm, drill_loss = compiled(params, state, batch, drill)
@@ -240,7 +241,8 @@ def test_sft_on_tasks_without_an_oracle_is_refused_before_any_world_is_rendered(
 def test_bfloat16_params_take_two_sft_steps_keeping_every_leafs_dtype():
   """model.param_dtype=bfloat16: the SFT step rounds AdamW's float32 updates into the bfloat16
   params and keeps each moment in its dtype, so its outputs have its inputs' types (the next
-  step reuses the compiled program); the loss stays finite and the params move."""
+  step reuses the compiled program and takes over the buffers it is given); the loss stays
+  finite and the params move."""
   c = tiny_cpu.get_config()
   with c.unlocked():
     c.model.param_dtype = c.model.dtype = "bfloat16"
@@ -257,9 +259,11 @@ def test_bfloat16_params_take_two_sft_steps_keeping_every_leafs_dtype():
   tokens = np.random.default_rng(0).integers(9, 1000, (2, 16)).astype(np.int32)
   batch = {"tokens": tokens, "loss_mask": np.pad(np.ones((2, 4), np.float32), ((0, 0), (10, 2))),
            "lengths": np.array([16, 16], np.int32)}
-  new = params
+  new = jax.tree.map(jnp.copy, params)
   for _ in range(2):
+    given = new
     new, opt_state, loss, _, _ = step(new, opt_state, batch, None)
+    assert all(x.is_deleted() for x in jax.tree.leaves(given))   # donated: one copy held
     assert np.isfinite(float(loss))
     assert dtypes({"params": new, "opt_state": opt_state}) == start
   moved = [bool((np.asarray(a, np.float32) != np.asarray(b, np.float32)).any())
