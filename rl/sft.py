@@ -289,8 +289,9 @@ def sft_steps(config, model_cfg, opt, backend: Optional[str] = None,
                                                                       backend))
 
   def make_step(grads_fn):
-    # params and opt_state are donated: the step's outputs take their buffers, so a device
-    # holds one copy of each (the 35B-A3B's SFT step on 16 H200s: 24 GiB a device less).
+    # params and opt_state are donated: the step's outputs may take their buffers. Weights the
+    # layer scan reads XLA copies anyway, so the saving is what no loop reads
+    # (docs/results.md, "Donated state and the layer loop").
     @functools.partial(jit, donate_argnums=(0, 1))
     def step(params, opt_state, *batches):
       (loss, drill_loss), grads = grads_fn(params, *batches)
