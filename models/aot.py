@@ -449,9 +449,9 @@ _UNIT = {None: 1, "": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 def compile_lowered(lowered, attempts: int = 3, wait_s: float = 10.0):
   """`lowered.compile()`, tried again when XLA:GPU could not start `ptxas`.
 
-  XLA:GPU runs ptxas as a child process for each kernel; on a machine short of processes or
-  memory for a moment, starting one fails ("Failed to launch ptxas") where the next try starts
-  it. Any other error, or the same one `attempts` times, is raised.
+  XLA:GPU runs ptxas as child processes to assemble a program's kernels; on a machine short of
+  processes or memory for a moment, starting one fails ("Failed to launch ptxas") where the next
+  try starts it. Any other error, or the same one `attempts` times, is raised.
   """
   for attempt in range(1, attempts):
     try:
