@@ -204,8 +204,8 @@ def test_gpu_compiles_assemble_with_the_pinned_ptxas_unless_the_user_names_a_cud
   args = ["compile"] if own_dir is None else []
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=flags, PYTHONPATH=root)
-  out = subprocess.run([sys.executable, "-c", _PINNED_PTXAS_PROBE, *args], cwd=root, env=env, capture_output=True,
-                       text=True, timeout=300)
+  out = subprocess.run([sys.executable, "-c", _PINNED_PTXAS_PROBE, *args], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
   final_flags = out.stdout.strip().splitlines()[-1]
   want = own_dir or nvcc
