@@ -9,8 +9,8 @@ rl/sft.py do), the update may go into the input's buffer; the program below is t
 size, compiled with and without donation, for each way of writing the loop over layers: a
 `lax.scan` over the stacked weights (the model's), a `fori_loop` indexing them, the scan behind
 an optimization barrier, the scan with each layer rematerialised, and the layers written out
-(no loop). For each, `memory_analysis()`: temporaries, and the total (arguments + outputs -
-aliased + temporaries), in MiB. No timing: nothing runs. The last line is JSON.
+(no loop). For each, `aot.memory`: temporaries, and the total (arguments + outputs - aliased
++ temporaries + code), in MiB. No timing: nothing runs. The last line is JSON.
 """
 import argparse
 import functools
@@ -66,12 +66,10 @@ def measure(target: str, layers: int, width: int, rows: int) -> list[dict]:
       def step(q, y):
         value, grad = jax.value_and_grad(loss)(q, y)
         return q - 1e-3 * grad, value
-      m = aot.compile_lowered(step.lower(p, x)).memory_analysis()
-      total = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-               + m.temp_size_in_bytes)
+      m = aot.memory(aot.compile_lowered(step.lower(p, x)))
       key = "donated" if donate else "kept"
-      row[f"temp_mib_{key}"] = m.temp_size_in_bytes / MiB
-      row[f"total_mib_{key}"] = total / MiB
+      row[f"temp_mib_{key}"] = m["temp"] / MiB
+      row[f"total_mib_{key}"] = m["total"] / MiB
     out.append(row)
   return out
 
