@@ -21,7 +21,9 @@ What `analyse` reports, per device:
               which undercounts a training step by the product of those trip counts; on GPU it
               returns nothing at all.
   collectives count and bytes of each kind (all-gather, reduce-scatter, all-reduce,
-              all-to-all, collective-permute), the result shapes' bytes times trip counts.
+              all-to-all, collective-permute), the result shapes' bytes times trip counts;
+              given each device's host, also the bytes of those whose device groups span
+              hosts (on a GPU cluster the slow links: InfiniBand between nodes, NVLink within).
   custom_calls the custom-call targets with their counts (cuDNN attention, cuBLAS GEMMs, ...).
   kernels     (GPU) the kernels a run of the program launches: the ops outside fusions that
               XLA:GPU runs as one kernel each (fusions, custom calls, copies, scatters, sorts,
@@ -357,9 +359,82 @@ def _callees(instr: _Instr) -> list[tuple[str, str]]:
   return out
 
 
-def hlo_costs(text: str) -> dict:
+_GROUP_LIST = re.compile(r"replica_groups=\{((?:\{[0-9,]*\},?)*)\}")
+_GROUP_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=\[([0-9,]+)\](?:T\(([0-9,]+)\))?")
+_GROUP_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\](?:, device_ids=\(\[([0-9,]+)\]"
+                         r"(?:T\(([0-9,]+)\))?\))? \{([^}]*)\}")
+_PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
+
+
+def _ints(text: str) -> list[int]:
+  return [int(v) for v in text.split(",") if v]
+
+
+def _iota(dims: list[int], perm: Optional[str]) -> list[int]:
+  """The flattened iota of shape `dims` transposed by `perm` (XLA's `[dims]T(perm)`)."""
+  ids = list(range(math.prod(dims)))
+  if not perm:
+    return ids
+  order = _ints(perm)
+  strides = [math.prod(dims[i + 1:]) for i in range(len(dims))]
+  shape = [dims[a] for a in order]
+  out = []
+  for flat in range(len(ids)):
+    idx, rest = [], flat
+    for size in reversed(shape):
+      idx.append(rest % size)
+      rest //= size
+    idx.reverse()
+    out.append(sum(idx[j] * strides[order[j]] for j in range(len(order))))
+  return out
+
+
+def device_groups(rest: str) -> Optional[list[list[int]]]:
+  """The device groups of a collective's attributes (positions in the program's device
+  assignment): its `replica_groups` in any of XLA's three forms (a list, an iota, a mesh and
+  its axes) or a permute's `source_target_pairs`; [] = all devices; None = none found."""
+  m = _GROUP_LIST.search(rest)
+  if m:
+    return [_ints(g) for g in re.findall(r"\{([0-9,]*)\}", m.group(1))]
+  m = _PAIRS.search(rest)
+  if m:
+    return [_ints(g) for g in re.findall(r"\{(\d+,\d+)\}", m.group(1))]
+  m = _GROUP_IOTA.search(rest)
+  if m:
+    ids, size = _iota(_ints(m.group(3)), m.group(4)), int(m.group(2))
+    return [ids[i:i + size] for i in range(0, len(ids), size)]
+  m = _GROUP_MESH.search(rest)
+  if m:
+    axes = re.findall(r"'([^']+)'=(\d+)", m.group(1))
+    names, dims = [a for a, _ in axes], [int(n) for _, n in axes]
+    ids = _iota(_ints(m.group(2)), m.group(3)) if m.group(2) else list(range(math.prod(dims)))
+    grouped = {a.strip().strip("'") for a in m.group(4).split(",")}
+    groups: dict[tuple, list[int]] = {}
+    for pos, dev in enumerate(ids):
+      idx, rest_pos = [], pos
+      for size in reversed(dims):
+        idx.append(rest_pos % size)
+        rest_pos //= size
+      idx.reverse()
+      key = tuple(i for a, i in zip(names, idx) if a not in grouped)
+      groups.setdefault(key, []).append(dev)
+    return list(groups.values())
+  return None
+
+
+def _between_hosts(rest: str, hosts) -> bool:
+  """Whether a collective's groups put devices of different hosts together."""
+  groups = device_groups(rest)
+  if groups is None or groups == [] or groups == [[]]:
+    return len(set(hosts)) > 1
+  return any(len({hosts[d] for d in g}) > 1 for g in groups)
+
+
+def hlo_costs(text: str, hosts=None) -> dict:
   """FLOPs, collectives and custom calls of an optimized HLO module, loops unrolled by their
-  trip counts (see the module docstring)."""
+  trip counts (see the module docstring). `hosts`: the host of each device of the program's
+  device assignment, in its order; each collective kind then also gives the bytes of the
+  collectives whose groups span hosts (`between_hosts`)."""
   comps, entry = _parse_module(text)
   shapes = {}
   for instrs in comps.values():
@@ -402,8 +477,9 @@ def hlo_costs(text: str) -> dict:
         # result of an all-gather and the operand of a reduce-scatter; either is the bytes moved.
         nbytes = max((_bytes([a]) for a in arrays), default=0) if ins.op.endswith("-start") \
             else _bytes(arrays)
-        n, b = coll.get(kind, (0, 0))
-        coll[kind] = (n + 1, b + nbytes)
+        n, b, x = coll.get(kind, (0, 0, 0))
+        coll[kind] = (n + 1, b + nbytes,
+                      x + (nbytes if hosts is not None and _between_hosts(ins.rest, hosts) else 0))
       callees = _callees(ins)
       n_trip = trip(ins) if ins.op == "while" else 1
       for role, callee in callees:
@@ -414,9 +490,9 @@ def hlo_costs(text: str) -> dict:
         flops += times * f
         if ins.op != "fusion" and role != "condition":   # a fusion's body is its one kernel
           kernels += times * n_kernels
-        for kind2, (cn, cb) in c.items():
-          n0, b0 = coll.get(kind2, (0, 0))
-          coll[kind2] = (n0 + times * cn, b0 + times * cb)
+        for kind2, (cn, cb, cx) in c.items():
+          n0, b0, x0 = coll.get(kind2, (0, 0, 0))
+          coll[kind2] = (n0 + times * cn, b0 + times * cb, x0 + times * cx)
         for t2, cnt in k.items():
           calls[t2] = calls.get(t2, 0) + times * cnt
     return flops, coll, calls, kernels
@@ -425,7 +501,9 @@ def hlo_costs(text: str) -> dict:
     raise ValueError("no ENTRY computation in the HLO text")
   flops, coll, calls, kernels = cost(entry)
   return {"flops": flops, "kernels": int(kernels),
-          "collectives": {k: {"count": int(n), "bytes": int(b)} for k, (n, b) in sorted(coll.items())},
+          "collectives": {k: {"count": int(n), "bytes": int(b),
+                              **({"between_hosts": int(x)} if hosts is not None else {})}
+                          for k, (n, b, x) in sorted(coll.items())},
           "custom_calls": dict(sorted(calls.items())),
           "unknown_trip_counts": sorted(set(unknown))}
 
@@ -478,10 +556,11 @@ def out_of_memory(error: BaseException) -> Optional[dict]:
   return {"needed": int(need), "available": int(have), "message": text.splitlines()[0][:300]}
 
 
-def analyse(compiled, spec: DeviceSpec) -> dict:
-  """Memory, counted FLOPs, collectives and (TPU) XLA's time estimate of a compiled program."""
+def analyse(compiled, spec: DeviceSpec, hosts=None) -> dict:
+  """Memory, counted FLOPs, collectives and (TPU) XLA's time estimate of a compiled program;
+  `hosts` as `hlo_costs` takes them."""
   mem = memory(compiled)
-  costs = hlo_costs(compiled.as_text())
+  costs = hlo_costs(compiled.as_text(), hosts)
   out = {"memory": mem, "fits": mem["total"] <= spec.hbm_bytes, "hbm_bytes": spec.hbm_bytes,
          **costs}
   ca = None

@@ -142,8 +142,9 @@ def engine_programs(config, devices, buckets) -> tuple[dict, dict]:
 
 
 def compile_one(name: str, lowered, spec: aot.DeviceSpec, n_devices: int,
-                flops: Optional[float] = None) -> dict:
-  """Compiles one lowered program and analyses it; out of memory is a result, not a raise."""
+                flops: Optional[float] = None, hosts=None) -> dict:
+  """Compiles one lowered program and analyses it; out of memory is a result, not a raise.
+  `hosts`: each device's host in the program's device order (`aot.hlo_costs`), or None."""
   t0 = time.time()
   row: dict[str, Any] = {"program": name}
   try:
@@ -155,7 +156,7 @@ def compile_one(name: str, lowered, spec: aot.DeviceSpec, n_devices: int,
     row.update(fits=False, out_of_memory=oom, compile_s=round(time.time() - t0, 1))
     return row
   row["compile_s"] = round(time.time() - t0, 1)
-  row.update(aot.analyse(compiled, spec))
+  row.update(aot.analyse(compiled, spec, hosts))
   if flops:
     row["model_flops"] = flops
     # The HLO's FLOPs are per device; the model's are the whole step's.
@@ -190,6 +191,12 @@ def format_row(row: dict, spec: aot.DeviceSpec) -> str:
   if row["collectives"]:
     lines.append("  collectives/device: " + ", ".join(
         f"{k} {v['count']} x, {v['bytes'] / GiB:.2f} GiB" for k, v in row["collectives"].items()))
+    between = {k: v["between_hosts"] for k, v in row["collectives"].items() if "between_hosts" in v}
+    if between:
+      lines.append("  of which between hosts: " + ", ".join(
+          f"{k} {b / GiB:.2f} GiB" for k, b in between.items() if b) + (
+          f" ({sum(between.values()) / GiB:.0f} of "
+          f"{sum(v['bytes'] for v in row['collectives'].values()) / GiB:.0f} GiB)"))
   if row.get("estimated_seconds"):
     mfu = row.get("estimated_mfu")
     lines.append(f"  compiler estimate: {row['estimated_seconds']:.3f} s a step"
@@ -281,8 +288,13 @@ def _run(config, t: aot.Target, devices: list, programs) -> list[dict]:
   seq = int(config.compile.seq_len) or int(config.train.seq_len)
   rows = []
 
+  # On a GPU cluster the links between hosts are the slow ones: the report splits them out.
+  hosts = [d.process_index for d in mesh.devices.flat]
+  hosts = hosts if spec.platform == "cuda" and len(set(hosts)) > 1 else None
+
   def add(name, lowered, flops, what, n_dev, **extra):
-    row = compile_one(name, lowered, spec, n_dev, flops)
+    row = compile_one(name, lowered, spec, n_dev, flops,
+                      hosts if name in ("rl_step", "sft_step") else None)
     row.update(what=what, **extra)
     rows.append(row)
     print(format_row(row, spec), flush=True)

@@ -13,13 +13,14 @@ dropped for capacity. The top-k and the blocked layout use no sort (`top_k`, `ra
 On a device mesh the tokens are routed where they live: `forward` splits them into the groups
 the mesh holds them in (one group per device of the batch and length axes: rows, and with
 context parallelism the parts of a row) and sorts and dispatches each group on its own device
-(`jax.vmap` with `spmd_axis_name`), so no sort or gather crosses devices and each device's
+(`_routed_sharded`, a `shard_map`), so no sort or gather crosses devices and each device's
 matmuls are over its own tokens' rows: the compiled FLOPs are those of the tokens, not of the
-tokens times the devices. With `blocked` and `ragged_dot` the expert weights are gathered
-whole for the layer (like FSDP's weights; their `expert_mlp` split stays), so tokens never
-move; the gradient of the gathered copy is reduced back to each device's experts at once
-(`gather_whole`). With `gmm`, and with `blocked` where `expert_parallel` says so, experts split
-over the mesh stay split and the tokens move to them (expert parallelism, `_routed_sharded`). One group (no mesh, one device) is the plain computation. `cfg.moe_dispatch` picks how the sorted rows meet the expert weights:
+tokens times the devices. Either the expert weights are gathered whole for the layer (like
+FSDP's weights, in the compute dtype; their `expert_mlp` split stays) and tokens never move,
+the gradient of the gathered copy going back to each device's experts as one float32
+reduce-scatter (`_gather_shards`), or, where `expert_parallel` says so, experts split over the
+mesh stay split and the tokens move to them (expert parallelism). One group (no mesh, one
+device) is the plain computation; `ragged_dot` always runs so. `cfg.moe_dispatch` picks how the sorted rows meet the expert weights:
   ragged_dot  each expert's rows are one group of `jax.lax.ragged_dot`. XLA:CPU expands it to
               every row against every expert, so its cost grows with the number of experts.
   blocked     each expert's rows start at a block boundary and are padded to whole blocks of
@@ -549,55 +550,32 @@ def _ungroup_tokens(y, b: int, s: int, groups_b: int, groups_s: int):
   return jnp.swapaxes(y, 1, 2).reshape(b, s, *rest)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
-def gather_whole(w, dt, whole_axes: tuple, own_axes: tuple, summed_over: tuple = ()):
-  """w in `dt`, laid out by the logical `whole_axes` (e.g. every expert on every device); its
-  gradient goes back in w's dtype laid out by `own_axes` (the parameter's own), i.e. summed
-  over the devices where it arises. Left to itself, XLA kept each device's whole float32
-  gradient of every layer's experts until after the layer scan: [cycles, experts, embed,
-  expert_mlp], 10 GiB a matrix for 35B-A3B, 14 of them on an H200 target (compiler figures,
-  docs/results.md). `summed_over`: the mesh axes over which the devices' gradients are summed
-  (the token groups'); the sum is first split by expert over them, a reduce-scatter, where
-  XLA:GPU otherwise all-reduced the whole [experts, ...] gradient and kept each device's part
-  (twice the bytes over the links; 35B-A3B's RL step on 16 H200: 15k GiB of float32
-  all-reduces a GPU a step, compiler figures)."""
-  return common.constrain(w.astype(dt), whole_axes)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _gather_shards(w, dt, dims: tuple):
+  """Inside a shard_map: this device's shard of w in `dt`, all-gathered along each (dimension,
+  mesh axes) of `dims`. Its gradient goes back as this device's shard, summed over those axes
+  in float32 (a reduce-scatter; cast to w's dtype after). Written out rather than left to the
+  shard_map's layout: there XLA gathered the float32 weights in the backward and all-reduced
+  their whole float32 gradient (35B-A3B's RL step on 16 H200 with `blocked_fused`: 17k GiB of
+  float32 all-gathers and 15.7k of all-reduces a GPU a step, compiler figures)."""
+  w = w.astype(dt)
+  for d, names in dims:
+    w = jax.lax.all_gather(w, names, axis=d, tiled=True)
+  return w
 
 
-def _gather_whole_fwd(w, dt, whole_axes, own_axes, summed_over):
-  return gather_whole(w, dt, whole_axes, own_axes, summed_over), jnp.zeros((0,), w.dtype)
+def _gather_shards_fwd(w, dt, dims):
+  return _gather_shards(w, dt, dims), jnp.zeros((0,), w.dtype)
 
 
-def _gather_whole_bwd(dt, whole_axes, own_axes, summed_over, like, g):
-  g = g.astype(like.dtype)
-  if summed_over and g.shape[0] % math.prod(
-      jax.sharding.get_abstract_mesh().shape[a] for a in summed_over) == 0:
-    g = jax.lax.with_sharding_constraint(g, PartitionSpec(summed_over))
-  return (common.constrain(g, own_axes),)
+def _gather_shards_bwd(dt, dims, like, g):
+  g = g.astype(jnp.float32)
+  for d, names in reversed(dims):
+    g = jax.lax.psum_scatter(g, names, scatter_dimension=d, tiled=True)
+  return (g.astype(like.dtype),)
 
 
-gather_whole.defvjp(_gather_whole_fwd, _gather_whole_bwd)
-
-
-def _routed_grouped(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, groups_s: int, b, s):
-  """Routing and routed experts of each token group on its own devices (module docstring)."""
-  h = flat.shape[-1]
-  xg = _group_tokens(flat.reshape(b, s, h), groups_b, groups_s)
-  xg = jax.lax.with_sharding_constraint(xg, PartitionSpec(axes, None, None))
-  # The layer's experts, whole on every device in the compute dtype (the `expert_mlp` split
-  # stays); their gradients back to the experts' own layout at once (`gather_whole`).
-  own = axes_of_experts()
-  experts_w = {k: gather_whole(p[k], cfg.jnp_dtype, (None, None, "expert_mlp") if k != "wo"
-                               else (None, "expert_mlp", None), own[k], axes)
-               for k in ("wi_gate", "wi_up", "wo")}
-
-  def one_group(x):
-    logits, weights, experts = route(p["router"], x, cfg)
-    return routed_experts(experts_w, x, weights, experts, cfg), logits
-
-  out, logits = jax.vmap(one_group, spmd_axis_name=axes)(xg)
-  return (_ungroup_tokens(out, b, s, groups_b, groups_s).reshape(b * s, h),
-          _ungroup_tokens(logits, b, s, groups_b, groups_s).reshape(b * s, -1))
+_gather_shards.defvjp(_gather_shards_fwd, _gather_shards_bwd)
 
 
 # `moe_expert_parallel="auto"`: expert parallelism where the rows it gathers (ways x tokens x
@@ -646,12 +624,46 @@ def _expert_parallel_axes(p, cfg: ModelConfig, axes: tuple, tokens: int) -> tupl
   return ()
 
 
+def _expert_shards(p, ep: tuple, layer=None) -> tuple[dict, dict]:
+  """({name: PartitionSpec}, {name: gathers}) of the routed experts' weights entering
+  `_routed_sharded`, and the (dimension, mesh axes) `_gather_shards` gathers inside. Experts
+  gathered whole (`ep` empty): their own layout under the current rules, `experts` and `embed`
+  gathered inside, `expert_mlp` left split. Under expert parallelism the experts stay split
+  and their `embed` dimension enters whole, gathered by XLA as before: written out there too,
+  the 397B-A17B step on 128 H200 moved the same bytes and held ~10 GiB more a GPU (compiler
+  figures, docs/results.md). `layer`: p's experts are every layer's stack."""
+  rules = sharding.rules_from_config(nn.get_logical_axis_rules())
+  mesh = jax.sharding.get_abstract_mesh()
+  lead = 0 if layer is None else 1
+  specs, gathers = {}, {}
+  for k, logical in axes_of_experts().items():
+    spec = sharding.logical_to_spec(logical, rules, mesh, p[k].shape[-3:])
+    dims = []
+    if ep:
+      spec = PartitionSpec(*(None if name == "embed" else spec[d]
+                             for d, name in enumerate(logical)))
+    for d, name in enumerate(logical):
+      names = tuple(a for a in sharding.target_axes(spec[d]) if mesh.shape[a] > 1)
+      if names and name in ("embed", "experts") and not ep:
+        dims.append((lead + d, names))
+    specs[k] = PartitionSpec(*((None,) * lead), *spec)
+    # Outer mesh axes first: a mesh's devices are laid out host-major, so its outer axes are
+    # the ones between hosts, the slow links. Gathered there first, the weights cross them as
+    # the smallest shard; in the backward the gradient crosses them last, already reduced over
+    # the axes within a host (35B-A3B on 2 x 8 H200: 1/16 of each matrix between the hosts
+    # rather than 1/2).
+    gathers[k] = tuple(sorted(dims, key=lambda dn: min(mesh.axis_names.index(a) for a in dn[1])))
+  return specs, gathers
+
+
 def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, groups_s: int, b, s,
                     ep: tuple, layer=None):
-  """`_routed_grouped` as a `shard_map` over the token groups' mesh axes: for the `gmm` and
-  `blocked_fused` dispatches, since XLA does not partition a Pallas kernel (a vmap with
-  spmd_axis_name is not enough), and for `blocked` under expert parallelism. Each device routes its own tokens
-  against the whole router.
+  """Routing and routed experts of each token group on its own devices, a `shard_map` over the
+  token groups' mesh axes: each device routes its own tokens against the whole router. A
+  shard_map, not a `jax.vmap` with `spmd_axis_name` left to XLA to partition: XLA does not
+  partition a Pallas kernel (`gmm`, `blocked_fused`), and for `blocked` its layout of the
+  gathered experts varied with their sizes (float32 gathers, whole float32 gradients
+  all-reduced; tests/models/layers/test_moe.py).
 
   Expert parallelism: where the `experts` rule splits the experts over mesh axes that also
   split the tokens, the tokens move to the experts instead of the experts to the tokens. Each
@@ -677,16 +689,14 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
     raise ValueError(f"moe_dispatch={cfg.moe_dispatch!r}: the expert_mlp axes {mlp_axes} also "
                      "split the tokens")
   xg = _group_tokens(flat.reshape(b, s, h), groups_b, groups_s)
-  e = ep or None
-  wi, wo = PartitionSpec(e, None, spec[2]), PartitionSpec(e, spec[2], None)
-  if layer is not None:
-    wi, wo = PartitionSpec(None, *wi), PartitionSpec(None, *wo)
+  specs, gathers = _expert_shards(p, ep, layer)
   experts_of = _gmm_experts if dispatch_of(cfg) == "gmm" else _blocked_experts
 
   def local(x, router, wi_gate, wi_up, w_out, at):
     experts_of_here = experts_of if layer is None else functools.partial(experts_of, layer=at)
     logits, weights, experts = route(router, x[0], cfg)
-    w = {"wi_gate": wi_gate, "wi_up": wi_up, "wo": w_out}
+    w = {k: _gather_shards(v, cfg.jnp_dtype, gathers[k])
+         for k, v in (("wi_gate", wi_gate), ("wi_up", wi_up), ("wo", w_out))}
     if ep:
       # Tokens split over the expert axes are gathered from the devices sharing this one's
       # place and their sums scattered back; tokens every device holds are summed in place.
@@ -705,7 +715,8 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
 
   groups = PartitionSpec(axes or None)
   out, logits = jax.shard_map(
-      local, mesh=mesh, in_specs=(groups, PartitionSpec(), wi, wi, wo, PartitionSpec()),
+      local, mesh=mesh, in_specs=(groups, PartitionSpec(), specs["wi_gate"], specs["wi_up"],
+                                  specs["wo"], PartitionSpec()),
       out_specs=(groups, groups), check_vma=False)(
           xg, p["router"], p["wi_gate"], p["wi_up"], p["wo"],
           jnp.asarray(0 if layer is None else layer, jnp.int32))
@@ -730,12 +741,9 @@ def forward(p, x, cfg: ModelConfig, layer=None):
   # `_expert_parallel_axes` of a device's tokens (a token group's).
   ep = _expert_parallel_axes(p, cfg, axes, b * s // (groups_b * groups_s)) if on_mesh else ()
   # Pallas kernels run per device: XLA does not partition them.
-  if on_mesh and (dispatch in ("gmm", "blocked_fused") or ep):
+  if on_mesh and (dispatch in ("gmm", "blocked_fused") or ep or axes):
     with jax.named_scope("routed"):
       out, logits = _routed_sharded(p, flat, cfg, axes, groups_b, groups_s, b, s, ep, layer)
-  elif on_mesh and axes:
-    with jax.named_scope("routed"):
-      out, logits = _routed_grouped(p, flat, cfg, axes, groups_b, groups_s, b, s)
   else:
     with jax.named_scope("route"):
       logits, weights, experts = route(p["router"], flat, cfg)

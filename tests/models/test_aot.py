@@ -108,6 +108,38 @@ def test_collectives_are_counted_with_their_bytes_on_a_tpu_slice():
   assert coll["all-reduce"]["count"] >= 1 and coll["all-reduce"]["bytes"] >= 256 * 4
 
 
+def test_collective_device_groups_read_in_each_of_xlas_forms():
+  """A list, an iota (transposed or not), a mesh with and without its own device order, and a
+  permute's pairs: the same groups of 2 hosts x 8 devices."""
+  by_host = [list(range(8)), list(range(8, 16))]
+  across = [[i, i + 8] for i in range(8)]
+  assert aot.device_groups("replica_groups={{0,8},{1,9},{2,10},{3,11},{4,12},{5,13},{6,14},"
+                           "{7,15}}, dimensions={0}") == across
+  assert aot.device_groups("replica_groups=[2,8]<=[16], dimensions={0}") == by_host
+  assert aot.device_groups("replica_groups=[8,2]<=[2,8]T(1,0), dimensions={0}") == across
+  assert aot.device_groups("replica_groups=mesh['axis_0'=2,'axis_1'=8] {'axis_1'}, "
+                           "dimensions={0}") == by_host
+  assert aot.device_groups("replica_groups=mesh['axis_0'=1,'axis_1'=8,'axis_2'=2], "
+                           "device_ids=([2,8]T(1,0)) {'axis_1'}") == by_host
+  assert aot.device_groups("source_target_pairs={{0,1},{1,9}}") == [[0, 1], [1, 9]]
+  assert aot.device_groups("replica_groups={}") == []
+
+
+@pytest.mark.parametrize("split", ["host", "gpu"])
+def test_collectives_between_hosts_are_those_whose_groups_span_hosts(split):
+  """A sum over an axis split across the two hosts of h200:2x8 reduces between them; over the
+  axis of each host's GPUs it stays within each host."""
+  devices = aot.target_devices("h200:2x8")
+  mesh = Mesh(np.array(devices).reshape(2, 8), ("host", "gpu"))
+  a = jax.ShapeDtypeStruct((16, 1024), jnp.float32, sharding=NamedSharding(mesh, P(split)))
+  compiled = jax.jit(lambda a: a.sum(0), out_shardings=NamedSharding(mesh, P())).lower(
+      a).compile()
+  coll = aot.hlo_costs(compiled.as_text(), [d.process_index for d in devices])["collectives"]
+  moved = sum(v["bytes"] for v in coll.values())
+  assert moved >= 1024 * 4
+  assert sum(v["between_hosts"] for v in coll.values()) == (0 if split == "gpu" else moved)
+
+
 def test_memory_report_has_its_fields_and_totals_them():
   compiled = jax.jit(lambda a: a @ a.T).lower(jax.ShapeDtypeStruct((256, 64), jnp.float32)).compile()
   r = aot.analyse(compiled, aot.DEVICES["h200"])

@@ -505,16 +505,21 @@ def test_the_gpu_training_step_with_fused_experts_makes_no_per_block_expert_matr
   assert " while(" not in fused
 
 
-def test_on_a_gpu_mesh_the_gathered_experts_gradients_are_reduce_scattered_not_all_reduced():
-  """`blocked` with the experts gathered whole to each device's tokens (rows split by position
-  over 8 H200s, compiled from this CPU): each device's gradient of every expert comes back to
-  the experts' own layout as a reduce-scatter, half the bytes over the links of the all-reduce
-  XLA:GPU made of it before (35B-A3B's RL step on 16 H200: 15k GiB of float32 all-reduces a GPU
-  a step, compiler figures); no all-reduce moves an expert matrix."""
+@pytest.mark.parametrize("dispatch", ["blocked", "blocked_fused"])
+def test_on_a_gpu_mesh_experts_gathered_whole_move_in_bfloat16_and_come_back_reduce_scattered(
+    dispatch):
+  """The experts gathered whole to each device's tokens (rows split by position over 8 H200s,
+  compiled from this CPU; float32 weights, bfloat16 compute): every all-gather of an expert
+  matrix moves it in bfloat16, forward and backward, and each device's gradient of every expert
+  comes back to the experts' own layout as a float32 reduce-scatter, half the bytes over the
+  links of an all-reduce; no all-reduce moves an expert matrix. Before, XLA:GPU all-reduced the
+  whole float32 gradient (35B-A3B's RL step on 16 H200: 15k GiB a GPU a step with `blocked`,
+  15.7k with `blocked_fused`, whose kernels run under shard_map, also gathering the float32
+  weights in the backward: 17k GiB; compiler figures, docs/results.md)."""
   from jax.sharding import NamedSharding
   from models import sharding
-  cfg = _cfg(8, dispatch="blocked", hidden=64, mlp=32, shared=0).replace(
-      moe_expert_parallel="off")
+  cfg = _cfg(8, dispatch=dispatch, hidden=64, mlp=32, shared=0, block=16).replace(
+      moe_expert_parallel="off", dtype="bfloat16")
   c = base.get_config()
   rules = sharding.context_parallel_rules(sharding.rules_from_config(c.mesh.rules),
                                           ("fsdp", "expert"))
@@ -527,16 +532,23 @@ def test_on_a_gpu_mesh_the_gathered_experts_gradients_are_reduce_scattered_not_a
     p = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype,
                                                        sharding=NamedSharding(mesh, s)),
                      shapes, specs)
-    x = jax.ShapeDtypeStruct((2, 256, cfg.hidden_size), jnp.float32, sharding=NamedSharding(
+    x = jax.ShapeDtypeStruct((2, 256, cfg.hidden_size), jnp.bfloat16, sharding=NamedSharding(
         mesh, sharding.logical_to_spec(("batch", "activation_length", None), rules, mesh)))
-    loss = lambda p, x: jnp.sum(moe.forward(p, x, cfg)[0] ** 2)
+    loss = lambda p, x: jnp.sum(moe.forward(p, x, cfg)[0].astype(jnp.float32) ** 2)
     hlo = jax.jit(jax.grad(loss)).lower(p, x).compile().as_text()
   expert_matrix = 8 * 64 * 32
-  moved = lambda kind: [math.prod(d) for line in hlo.splitlines() if f" {kind}(" in line
-                        or f" {kind}-start(" in line
-                        for _, d in aot._arrays(line.split(" = ", 1)[1].split(f" {kind}")[0])]
-  assert max(moved("all-reduce"), default=0) < expert_matrix, moved("all-reduce")
-  assert max(moved("reduce-scatter"), default=0) >= expert_matrix, moved("reduce-scatter")
+
+  def moved(kind):
+    """(dtype, elements) of each array a `kind` collective returns."""
+    return [(dt, math.prod(d)) for line in hlo.splitlines()
+            if f" {kind}(" in line or f" {kind}-start(" in line
+            for dt, d in aot._arrays(line.split(" = ", 1)[1].split(f" {kind}")[0])]
+
+  gathered = [dt for dt, n in moved("all-gather") if n >= expert_matrix]
+  assert gathered and set(gathered) == {"bf16"}, moved("all-gather")
+  assert max((n for _, n in moved("all-reduce")), default=0) < expert_matrix, moved("all-reduce")
+  scattered = [dt for dt, n in moved("reduce-scatter") if n >= expert_matrix]
+  assert scattered and set(scattered) == {"f32"}, moved("reduce-scatter")
 
 
 def test_the_fused_dispatch_is_an_error_on_tpu():
