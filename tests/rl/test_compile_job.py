@@ -171,9 +171,10 @@ def test_moe_flops_on_tpu_do_not_grow_with_the_number_of_experts():
 
 def test_launch_compile_mode_prints_a_report_and_a_json_last_line():
   """`launch.py --mode=compile` as a user runs it (a config whose mesh names other than the
-  target's device count is refitted); a missing target is a one-line error."""
+  target's device count is refitted; two hosts of one GPU, so that the collectives between
+  hosts are counted apart); a missing target is a one-line error."""
   cmd = [sys.executable, "launch.py", "--mode=compile", "--config=configs/tiny_cpu.py",
-         "--config.compile.target=h200:1x2", "--config.compile.programs=('rl_step',)",
+         "--config.compile.target=h200:2x1", "--config.compile.programs=('rl_step',)",
          "--config.train.seq_len=64", "--config.train.prompts_per_step=2",
          "--config.train.samples_per_prompt=2", "--config.train.micro_batches=1",
          "--config.mesh.shape=(1,4,1,1)"]   # a 4-device mesh, compiled for the target's 2
@@ -181,7 +182,10 @@ def test_launch_compile_mode_prints_a_report_and_a_json_last_line():
   out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   last = json.loads(out.stdout.strip().splitlines()[-1])
-  assert last["target"] == "h200:1x2" and last["programs"][0]["program"] == "rl_step"
+  assert last["target"] == "h200:2x1" and last["programs"][0]["program"] == "rl_step"
+  # The data-parallel gradient sum crosses the two hosts.
+  assert "of which between hosts:" in out.stdout
+  assert any(v["between_hosts"] > 0 for v in last["programs"][0]["collectives"].values())
   assert "memory/device:" in out.stdout and "of 141.0" in out.stdout
   assert "kernels/device a step" in out.stdout and last["programs"][0]["kernels"] > 0
   assert "compiling with mesh.shape (1, 2, 1, 1)" in out.stdout
