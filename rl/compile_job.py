@@ -1,7 +1,7 @@
 """Compiles the job's programs for an accelerator slice from this CPU: `--mode=compile`.
 
     python launch.py --mode=compile --config=configs/qwen3_5_35b_a3b.py --config.compile.target=h200:2x8
-    python launch.py --mode=compile --config=configs/qwen3_5_35b_a3b.py --config.compile.target=v5p:2x2x4
+    python launch.py --mode=compile --config=configs/qwen3_5_35b_a3b.py:v5p --config.compile.target=v5p:2x2x4
 
 For the config's mesh over the target's compile-only devices (models/aot.py), it lowers and
 compiles every program the job runs there, exactly as the run builds them:

@@ -36,6 +36,23 @@ def test_the_397b_v5p512_layout_splits_rows_over_64_chips_and_weights_over_all()
   assert here["micro_batches"] == c.train.micro_batches
 
 
+def test_the_35b_rows_split_within_a_node_on_h200s_and_over_all_16_chips_of_a_v5p_slice():
+  """On 2 nodes of 8 H200 each row is split over one node's GPUs (`expert`) and the micro-batch's
+  two rows go one to a node (`fsdp`), so the sequence mixers' all-to-alls stay within a node;
+  the `v5p` layout splits each row over all 16 chips, the same per-device activations."""
+  c = _resolve("configs/qwen3_5_35b_a3b.py")
+  assert sharding.rule_axes(c.mesh.rules, "activation_length") == ("expert",)
+  assert sharding.rule_axes(c.mesh.rules, "batch") == ("data", "fsdp")
+  v5p = _resolve("configs/qwen3_5_35b_a3b.py:v5p")
+  assert sharding.rule_axes(v5p.mesh.rules, "activation_length") == ("fsdp", "expert")
+  assert v5p.plan.device_kind == "TPU v5p" and v5p.plan.device_memory_gib == 95
+  gpu, tpu = (plan.memory_plan(x, 16, [163_840]) for x in (c, v5p))
+  assert gpu["micro_batches"] == tpu["micro_batches"] == c.train.micro_batches
+  assert abs(gpu["activations"][0][1]["total"] / tpu["activations"][0][1]["total"] - 1) < 0.05
+  with pytest.raises(Exception, match="v5p"):
+    _resolve("configs/qwen3_5_35b_a3b.py:tpu")
+
+
 def test_an_unknown_layout_names_the_known_ones():
   with pytest.raises(Exception, match="v5p512"):
     _resolve("configs/qwen3_5_397b_a17b.py:v5p1024")
