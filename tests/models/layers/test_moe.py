@@ -513,10 +513,10 @@ def test_on_a_gpu_mesh_experts_gathered_whole_move_in_bfloat16_and_come_back_red
   matrix moves it in bfloat16, forward and backward, and each device's gradient of every expert
   comes back to the experts' own layout as a float32 reduce-scatter, half the bytes over the
   links of an all-reduce; no all-reduce moves an expert matrix. Left to XLA (a vmap for
-  `blocked`, the kernels' shard_map for `blocked_fused`) this step gathered float32 weights
-  and all-reduced whole float32 gradients; so did 35B-A3B's RL step on 16 H200 with
-  `blocked_fused` (17k GiB of float32 all-gathers and 15.7k of all-reduces a GPU a step;
-  compiler figures, docs/results.md)."""
+  `blocked`, the kernels' shard_map for `blocked_fused`) this step gathered float32 weights or
+  all-reduced whole float32 gradients, and 35B-A3B's RL step on 16 H200 with `blocked_fused`
+  did both (17k GiB of float32 all-gathers and 15.7k of all-reduces a GPU a step; compiler
+  figures, docs/results.md)."""
   from jax.sharding import NamedSharding
   from models import sharding
   cfg = _cfg(8, dispatch=dispatch, hidden=64, mlp=32, shared=0, block=16).replace(
