@@ -51,6 +51,7 @@ import sys
 import time
 from typing import Any, Optional
 
+import numpy as np
 from jax._src import xla_bridge  # the registry of topology factories: no public accessor
 from jax.experimental import topologies
 
@@ -370,23 +371,10 @@ def _ints(text: str) -> list[int]:
   return [int(v) for v in text.split(",") if v]
 
 
-def _iota(dims: list[int], perm: Optional[str]) -> list[int]:
-  """The flattened iota of shape `dims` transposed by `perm` (XLA's `[dims]T(perm)`)."""
-  ids = list(range(math.prod(dims)))
-  if not perm:
-    return ids
-  order = _ints(perm)
-  strides = [math.prod(dims[i + 1:]) for i in range(len(dims))]
-  shape = [dims[a] for a in order]
-  out = []
-  for flat in range(len(ids)):
-    idx, rest = [], flat
-    for size in reversed(shape):
-      idx.append(rest % size)
-      rest //= size
-    idx.reverse()
-    out.append(sum(idx[j] * strides[order[j]] for j in range(len(order))))
-  return out
+def _iota(dims: list[int], perm: Optional[str]) -> np.ndarray:
+  """The iota of shape `dims` transposed by `perm` (XLA's `[dims]T(perm)`)."""
+  ids = np.arange(math.prod(dims)).reshape(dims)
+  return ids.transpose(_ints(perm)) if perm else ids
 
 
 def device_groups(rest: str) -> Optional[list[list[int]]]:
@@ -401,24 +389,19 @@ def device_groups(rest: str) -> Optional[list[list[int]]]:
     return [_ints(g) for g in re.findall(r"\{(\d+,\d+)\}", m.group(1))]
   m = _GROUP_IOTA.search(rest)
   if m:
-    ids, size = _iota(_ints(m.group(3)), m.group(4)), int(m.group(2))
-    return [ids[i:i + size] for i in range(0, len(ids), size)]
+    return _iota(_ints(m.group(3)), m.group(4)).reshape(-1, int(m.group(2))).tolist()
   m = _GROUP_MESH.search(rest)
   if m:
     axes = re.findall(r"'([^']+)'=(\d+)", m.group(1))
-    names, dims = [a for a, _ in axes], [int(n) for _, n in axes]
-    ids = _iota(_ints(m.group(2)), m.group(3)) if m.group(2) else list(range(math.prod(dims)))
+    dims = [int(n) for _, n in axes]
+    ids = (_iota(_ints(m.group(2)), m.group(3)) if m.group(2) else
+           np.arange(math.prod(dims))).reshape(dims)
     grouped = {a.strip().strip("'") for a in m.group(4).split(",")}
-    groups: dict[tuple, list[int]] = {}
-    for pos, dev in enumerate(ids):
-      idx, rest_pos = [], pos
-      for size in reversed(dims):
-        idx.append(rest_pos % size)
-        rest_pos //= size
-      idx.reverse()
-      key = tuple(i for a, i in zip(names, idx) if a not in grouped)
-      groups.setdefault(key, []).append(dev)
-    return list(groups.values())
+    # The mesh's other axes pick a group, its grouped axes run within it (both row-major).
+    within = [i for i, (a, _) in enumerate(axes) if a in grouped]
+    across = [i for i, (a, _) in enumerate(axes) if a not in grouped]
+    size = math.prod(dims[i] for i in within)
+    return ids.transpose(across + within).reshape(-1, size).tolist()
   return None
 
 

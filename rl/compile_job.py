@@ -17,9 +17,9 @@ compiles every program the job runs there, exactly as the run builds them:
               decides their mesh).
 For each it prints per-device memory against the device's HBM (fits or not), the FLOPs counted
 from the compiled HLO against the model FLOPs of the same tokens, collectives by kind with their
-bytes (on a GPU target of several hosts also those between hosts), and on TPU XLA's time estimate with the MFU it implies (a compiler estimate). A compile
-that runs out of device memory is a result ("does not fit: needs X GiB of Y"). The last line is
-JSON, like the other modes.
+bytes (on a GPU target of several hosts also those between hosts), and on TPU XLA's time
+estimate with the MFU it implies (a compiler estimate). A compile that runs out of device memory
+is a result ("does not fit: needs X GiB of Y"). The last line is JSON, like the other modes.
 
 Nothing is allocated: parameters, optimizer state and batches are ShapeDtypeStructs with the
 run's shardings. TPU needs `libtpu`, GPU the CUDA plugin: `make setup-compile`.

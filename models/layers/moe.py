@@ -20,7 +20,8 @@ FSDP's weights, in the compute dtype; their `expert_mlp` split stays) and tokens
 the gradient of the gathered copy going back to each device's experts as one float32
 reduce-scatter (`_gather_shards`), or, where `expert_parallel` says so, experts split over the
 mesh stay split and the tokens move to them (expert parallelism). One group (no mesh, one
-device) is the plain computation; `ragged_dot` always runs so. `cfg.moe_dispatch` picks how the sorted rows meet the expert weights:
+device) is the plain computation; `ragged_dot` always runs so. `cfg.moe_dispatch` picks how the
+sorted rows meet the expert weights:
   ragged_dot  each expert's rows are one group of `jax.lax.ragged_dot`. XLA:CPU expands it to
               every row against every expert, so its cost grows with the number of experts.
   blocked     each expert's rows start at a block boundary and are padded to whole blocks of
@@ -638,14 +639,14 @@ def _expert_shards(p, ep: tuple, layer=None) -> tuple[dict, dict]:
   specs, gathers = {}, {}
   for k, logical in axes_of_experts().items():
     spec = sharding.logical_to_spec(logical, rules, mesh, p[k].shape[-3:])
-    dims = []
     if ep:
       spec = PartitionSpec(*(None if name == "embed" else spec[d]
                              for d, name in enumerate(logical)))
-    for d, name in enumerate(logical):
-      names = tuple(a for a in sharding.target_axes(spec[d]) if mesh.shape[a] > 1)
-      if names and name in ("embed", "experts") and not ep:
-        dims.append((lead + d, names))
+      dims = []
+    else:
+      split = [tuple(a for a in sharding.target_axes(t) if mesh.shape[a] > 1) for t in spec]
+      dims = [(lead + d, split[d]) for d, name in enumerate(logical)
+              if split[d] and name in ("embed", "experts")]
     specs[k] = PartitionSpec(*((None,) * lead), *spec)
     # Outer mesh axes first: a mesh's devices are laid out host-major, so its outer axes are
     # the ones between hosts, the slow links. Gathered there first, the weights cross them as
@@ -740,7 +741,8 @@ def forward(p, x, cfg: ModelConfig, layer=None):
   on_mesh = dispatch in ("blocked", "blocked_fused", "gmm") and not mesh.empty and mesh.size > 1
   # `_expert_parallel_axes` of a device's tokens (a token group's).
   ep = _expert_parallel_axes(p, cfg, axes, b * s // (groups_b * groups_s)) if on_mesh else ()
-  # Pallas kernels run per device: XLA does not partition them.
+  # On a mesh each device's tokens run under a shard_map: Pallas kernels run per device (XLA
+  # does not partition them), and the experts' collectives are written out (`_gather_shards`).
   if on_mesh and (dispatch in ("gmm", "blocked_fused") or ep or axes):
     with jax.named_scope("routed"):
       out, logits = _routed_sharded(p, flat, cfg, axes, groups_b, groups_s, b, s, ep, layer)
