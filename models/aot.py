@@ -30,6 +30,12 @@ What `analyse` reports, per device:
               collectives, conditionals), times the trip counts of the loops around them; a
               loop's condition is left out. A count of launches, not of time: it says where a
               small-batch step is launch-bound (docs/results.md, "One H200").
+  host_syncs  (GPU) the times a run stops the host until the device has caught up: XLA:GPU
+              copies each `conditional`'s predicate to the host and waits for it, and so each
+              test of a while loop whose trip count XLA has not written down
+              (`known_trip_count`); times the loops around them. Between two such waits the
+              host cannot queue work ahead of the device (the next step, or CUDA graphs'
+              launches). A loop of unknown trip count counts two tests.
   optimal_seconds (TPU only) XLA's roofline estimate of the step, scaled by the trip counts its
               cost analysis leaves out (the ratio of counted FLOPs to its FLOPs): an estimate.
 
@@ -440,9 +446,10 @@ def hlo_costs(text: str, hosts=None) -> dict:
 
   @functools.lru_cache(maxsize=None)
   def cost(name: str) -> tuple:
-    flops, coll, calls, kernels = 0.0, {}, {}, 0
+    flops, coll, calls, kernels, syncs = 0.0, {}, {}, 0, 0
     for ins in comps.get(name, []):
       kernels += ins.op in _KERNEL_OPS
+      syncs += ins.op == "conditional"
       if ins.op == "dot":
         flops += _dot_flops(ins, shapes)
       elif ins.op == "convolution":
@@ -465,25 +472,28 @@ def hlo_costs(text: str, hosts=None) -> dict:
                       x + (nbytes if hosts is not None and _between_hosts(ins.rest, hosts) else 0))
       callees = _callees(ins)
       n_trip = trip(ins) if ins.op == "while" else 1
+      if ins.op == "while" and '"known_trip_count"' not in ins.rest:
+        syncs += n_trip + 1       # XLA:GPU reads each test's predicate on the host
       for role, callee in callees:
         if role == "to_apply" and ins.op != "call":
           continue  # scalar reducers of reduce / all-reduce / scatter
         times = n_trip + 1 if role == "condition" else (n_trip if role == "body" else 1)
-        f, c, k, n_kernels = cost(callee)
+        f, c, k, n_kernels, n_syncs = cost(callee)
         flops += times * f
         if ins.op != "fusion" and role != "condition":   # a fusion's body is its one kernel
           kernels += times * n_kernels
+          syncs += times * n_syncs
         for kind2, (cn, cb, cx) in c.items():
           n0, b0, x0 = coll.get(kind2, (0, 0, 0))
           coll[kind2] = (n0 + times * cn, b0 + times * cb, x0 + times * cx)
         for t2, cnt in k.items():
           calls[t2] = calls.get(t2, 0) + times * cnt
-    return flops, coll, calls, kernels
+    return flops, coll, calls, kernels, syncs
 
   if entry is None:
     raise ValueError("no ENTRY computation in the HLO text")
-  flops, coll, calls, kernels = cost(entry)
-  return {"flops": flops, "kernels": int(kernels),
+  flops, coll, calls, kernels, syncs = cost(entry)
+  return {"flops": flops, "kernels": int(kernels), "host_syncs": int(syncs),
           "collectives": {k: {"count": int(n), "bytes": int(b),
                               **({"between_hosts": int(x)} if hosts is not None else {})}
                           for k, (n, b, x) in sorted(coll.items())},

@@ -203,6 +203,8 @@ def format_row(row: dict, spec: aot.DeviceSpec) -> str:
                  + (f", MFU {100 * mfu:.1f}% of {spec.peak_bf16_flops / 1e12:.0f} TFLOP/s" if mfu else ""))
   if spec.platform == "cuda":   # on a TPU the whole program is one launch
     lines.append(f"  kernels/device a step (launches, loops counted): {row['kernels']:,}")
+    lines.append(f"  host syncs a step (conditionals, loop tests XLA cannot count): "
+                 f"{row['host_syncs']:,}")
   calls = {k: v for k, v in row["custom_calls"].items()
            if "cudnn" in k or "cublas" in k or "triton" in k}
   if calls:

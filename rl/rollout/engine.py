@@ -39,6 +39,11 @@ state of one row per slot they run on) in an `EnginePrograms` (rl/rollout/engine
 the tokenizer JetStream asks it for is
 rl/rollout/engine_tokenizer.py's.
 
+The prefix and the decode state carry one entry the device never sees, `SAMPLER_ROWS`: each
+row's sampler flags on the host (greedy; filters by top-k or top-p), from the request's
+settings at prefill. `generate` picks the sampler's kind from them (sampling.kind_of), one
+program per kind: a branch on the device would make XLA:GPU stop the host at every step.
+
 Results are `SampledTokens`: JetStream's `ResultTokens` (token, valid, length columns)
 extended with the logprob of each token; stop ids and max_tokens are applied per request by
 the orchestrator (rl/rollout/orchestrator.py), which also returns the stop id itself.
@@ -66,7 +71,12 @@ from rl.rollout import engine_caches
 from rl.rollout import engine_programs
 from rl.rollout import engine_tokenizer
 from rl.rollout import engine_weights
+from rl.rollout import sampling
 from rl.rollout.engine_weights import ParamsHandle
+
+# The host entry of a prefix ([2] bool) and of a decode state ([slots, 2] bool): each row's
+# (greedy, filters) flags, from which `generate` picks the sampler's kind (module docstring).
+SAMPLER_ROWS = "sampler_rows"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +86,11 @@ class SamplingSettings:
   top_p: float = 1.0
   top_k: int = 0
   seed: Optional[int] = None
+
+  def sampler_row(self) -> np.ndarray:
+    """[greedy, filters]: the flags `SAMPLER_ROWS` holds for a request of these settings."""
+    greedy = self.temperature <= 0
+    return np.asarray([greedy, not greedy and (self.top_k > 0 or self.top_p < 1.0)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +147,11 @@ class SampledTokens(engine_api.ResultTokens):
   def convert_to_numpy(self) -> "SampledTokens":
     return SampledTokens(np.asarray(self.data), self.tokens_idx, self.valid_idx,
                          self.length_idx, self.samples_per_slot, np.asarray(self.logprobs))
+
+
+def _on_device(tree: dict) -> dict:
+  """A prefix or decode state without its host entry: what the device programs take."""
+  return {k: v for k, v in tree.items() if k != SAMPLER_ROWS}
 
 
 def _read(params) -> tuple:
@@ -359,10 +379,11 @@ class QwenEngine(engine_api.Engine):
     self.prompt_tokens += int(true_length)
     with self.programs.context():
       out = self._prefill_from_cache(weights, version, prompt, request) if version >= 0 else None
-      if out is not None:
-        return out
-      self.prefilled_tokens += int(true_length)
-      return self.programs.prefill(weights, tokens, np.asarray([true_length], np.int32), *request)
+      if out is None:
+        self.prefilled_tokens += int(true_length)
+        out = self.programs.prefill(weights, tokens, np.asarray([true_length], np.int32),
+                                    *request)
+    return dict(out, **{SAMPLER_ROWS: s.sampler_row()})
 
   def _prefill_from_cache(self, params, version: int, prompt: np.ndarray, request):
     """The prompt's prefix from a cached state it extends and a prefill of only the tokens
@@ -405,7 +426,10 @@ class QwenEngine(engine_api.Engine):
     return self._caches.prefix_stats()
 
   def insert(self, prefix, decode_state, slot: int):
-    insert = lambda: self.programs.insert(prefix, decode_state, np.int32(slot))
+    rows = np.array(decode_state[SAMPLER_ROWS])
+    rows[slot] = np.asarray(prefix[SAMPLER_ROWS])
+    insert = lambda: dict(self.programs.insert(_on_device(prefix), _on_device(decode_state),
+                                               np.int32(slot)), **{SAMPLER_ROWS: rows})
     with self.programs.context():
       if not self._caches.keeps_turns:
         return insert()
@@ -413,7 +437,14 @@ class QwenEngine(engine_api.Engine):
 
   def generate(self, params, decode_state):
     weights, version = _read(params)
-    step = lambda: self.programs.generate(weights, decode_state, np.int32(version))
+    rows = decode_state[SAMPLER_ROWS]
+    kind = sampling.kind_of(rows[:, 0], rows[:, 1])
+
+    def step():
+      state, data, logprobs = self.programs.generate(weights, _on_device(decode_state),
+                                                     np.int32(version), kind=kind)
+      return dict(state, **{SAMPLER_ROWS: rows}), data, logprobs
+
     with self.programs.context():
       if not self._caches.keeps_turns:
         state, data, logprobs = step()
@@ -426,14 +457,18 @@ class QwenEngine(engine_api.Engine):
     del args, kwargs
     if self._abstract_on is not None:
       raise RuntimeError("an abstract engine (compile mode) holds no state; use lower_programs")
-    return self.programs.decode_state()
+    # An empty slot's settings are the state's defaults (temperature 1, no filter).
+    rows = np.tile(SamplingSettings().sampler_row(), (self.slots, 1))
+    return dict(self.programs.decode_state(), **{SAMPLER_ROWS: rows})
 
   def lower_programs(self, buckets: Optional[Sequence[int]] = None) -> dict:
     """name -> `jax.stages.Lowered` of the programs serving runs: a prefill and an insert per
-    prompt bucket (default: every bucket) and the generate step, for abstract inputs of the
-    shapes and shardings serving gives them (`EnginePrograms.lower`). Nothing runs and nothing
-    is allocated."""
-    return self.programs.lower(self._weights.params_target(held=True), buckets or self.buckets)
+    prompt bucket (default: every bucket) and the generate step of the sampler kind the
+    engine's default settings run, for abstract inputs of the shapes and shardings serving gives
+    them (`EnginePrograms.lower`). Nothing runs and nothing is allocated."""
+    greedy, filters = self.default_sampling.sampler_row()
+    return self.programs.lower(self._weights.params_target(held=True), buckets or self.buckets,
+                               kind=sampling.kind_of([greedy], [filters]))
 
   def warmup(self, buckets: Optional[Sequence[int]] = None, prefix: Optional[Sequence[int]] = None,
              score: bool = False) -> None:
@@ -465,8 +500,14 @@ class QwenEngine(engine_api.Engine):
     state, _ = self.generate(self._weights.handle, state)
     for p in prefixes:   # into a state that has been through insert and generate
       state = self.insert(p, state, 0)
-    state, result = self.generate(self._weights.handle, state)
-    jax.block_until_ready(result.data)
+    state, _ = self.generate(self._weights.handle, state)
+    # The generate step of every sampler kind (one program each; `generate` picks one a step).
+    weights, version = _read(self._weights.handle)
+    state = _on_device(state)
+    with self.programs.context():
+      for kind in sampling.KINDS:
+        state, data, _ = self.programs.generate(weights, state, np.int32(version), kind=kind)
+    jax.block_until_ready(data)
     if score:
       for b in buckets:
         self.score(np.zeros((b,), np.int32))

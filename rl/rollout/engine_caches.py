@@ -71,8 +71,8 @@ class EngineCaches:
     self._state_lock = threading.Lock()
     self._last_state = None
     self._pending_turns: list[tuple[int, np.ndarray]] = []
-    self._row_jit = jax.jit(lambda state, slot: (qwen3_5.cache_row(state["cache"], slot),
-                                                 state["version"][slot]))
+    self._row_jit = jax.jit(lambda cache, version, slot: (qwen3_5.cache_row(cache, slot),
+                                                          version[slot]))
 
   @property
   def shares_prefix(self) -> bool:
@@ -145,7 +145,8 @@ class EngineCaches:
     if self._last_state is None:
       return
     for slot, tokens in pending:
-      cache, version = self._row_jit(self._last_state, np.int32(slot))
+      state = self._last_state
+      cache, version = self._row_jit(state["cache"], state["version"], np.int32(slot))
       self._turns.keep(tokens, version, cache)
 
   def run_insert(self, insert: Callable[[], Any]):

@@ -82,7 +82,9 @@ class EnginePrograms:
     extend(params, prefix_cache, tokens, length, *request) -> prefix
     append(params, turn_cache, tokens, length, *request, key_len) -> prefix
     insert(prefix, state, slot) -> state (`state` donated)
-    generate(params, state, version) -> (state, data [slots, 3], logprobs [slots, 1]) (donated)
+    generate(params, state, version, kind) -> (state, data [slots, 3], logprobs [slots, 1])
+      (`state` donated; `kind`: the sampler's, one of sampling.KINDS, chosen on the host from
+      the slots' settings: a program each, none with a branch)
     score(params, tokens [1, bucket]) -> (logprobs [bucket], top logprobs, top ids [bucket, K])
   """
 
@@ -101,7 +103,7 @@ class EnginePrograms:
     # Not donated: the kept KV is cut to key_len, so its buffers could not hold the result.
     self.append = jax.jit(self._append, static_argnames=("key_len",))
     self.insert = jax.jit(self._insert, donate_argnums=(1,))
-    self.generate = jax.jit(self._generate, donate_argnums=(1,))
+    self.generate = jax.jit(self._generate, donate_argnums=(1,), static_argnames=("kind",))
     self.score = jax.jit(self._score)
 
   def context(self):
@@ -143,11 +145,11 @@ class EnginePrograms:
     state = make()
     return jax.device_put(state, where) if self.mesh is not None else state
 
-  def lower(self, params, buckets: Sequence[int]) -> dict:
+  def lower(self, params, buckets: Sequence[int], kind: str = "draw") -> dict:
     """name -> `jax.stages.Lowered` of the programs serving runs: a prefill and an insert per
-    prompt bucket in `buckets` and the generate step, for `params` (ShapeDtypeStructs with
-    their shardings) and abstract inputs of the shapes and shardings serving gives them.
-    Nothing runs and nothing is allocated."""
+    prompt bucket in `buckets` and the generate step of sampler kind `kind`, for `params`
+    (ShapeDtypeStructs with their shardings) and abstract inputs of the shapes and shardings
+    serving gives them. Nothing runs and nothing is allocated."""
     state = self.decode_state(abstract=True)
     one = (self.mesh and sharding.replicated(self.mesh)) or self._one_device()
     sds = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=one)
@@ -161,7 +163,7 @@ class EnginePrograms:
         out[f"prefill_{b}"] = prefill
         prefix = jax.tree.map(lambda x: sds(x.shape, x.dtype), prefill.out_info)
         out[f"insert_{b}"] = self.insert.lower(prefix, state, sds((), jnp.int32))
-      out["generate"] = self.generate.lower(params, state, sds((), jnp.int32))
+      out["generate"] = self.generate.lower(params, state, sds((), jnp.int32), kind=kind)
     return out
 
   # -- the programs' bodies -------------------------------------------------------------------
@@ -213,16 +215,15 @@ class EnginePrograms:
       out[name] = put(state[name], prefix[name])
     return out
 
-  def _generate(self, params, state, version):
+  def _generate(self, params, state, version, kind):
     # Each row's key for this step; a batch of greedy rows draws nothing (sampling.sample) and
     # skips the derivation too.
     fold = jax.vmap(lambda k, s: jax.random.key_data(
         jax.random.fold_in(jax.random.wrap_key_data(k), s)))
-    keys = jax.random.wrap_key_data(jax.lax.cond(
-        jnp.all(state["temperature"] <= 0), lambda k, s: jnp.zeros_like(k), fold,
-        state["key"], state["step"]))
+    keys = jax.random.wrap_key_data(jnp.zeros_like(state["key"]) if kind == "greedy"
+                                    else fold(state["key"], state["step"]))
     tokens, logprobs = sampling.sample(state["logits"], state["temperature"], state["top_k"],
-                                       state["top_p"], keys)
+                                       state["top_p"], keys, kind=kind)
     # A slot stops changing once its request has sampled (and fed) a stop id or its last
     # token: what the turn cache keeps is then exactly the conversation's state. The keys and
     # values a finished slot writes land at its `pos`, past its tokens, and are overwritten by

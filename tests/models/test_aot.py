@@ -98,6 +98,47 @@ def test_kernels_are_the_unfused_ops_times_their_loops_trip_counts():
   assert aot.hlo_costs(_LOOP_HLO)["kernels"] == 1 + 5 * 3
 
 
+_SYNC_HLO = """HloModule m
+
+%branch (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  ROOT %c = f32[8]{0} copy(%p)
+}
+
+%cond (s: (s32[], f32[8])) -> pred[] {
+  %s = (s32[], f32[8]) parameter(0)
+  %i = s32[] get-tuple-element(%s), index=0
+  %n = s32[] constant(4)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (s: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %s = (s32[], f32[8]) parameter(0)
+  %x = f32[8]{0} get-tuple-element(%s), index=1
+  %i = s32[] get-tuple-element(%s), index=0
+  %z = s32[] constant(0)
+  %q = pred[] compare(%i, %z), direction=EQ
+  %y = f32[8]{0} conditional(%q, %x, %x), true_computation=%branch, false_computation=%branch
+  ROOT %t = (s32[], f32[8]) tuple(%i, %y)
+}
+
+ENTRY %main (x: f32[8]) -> f32[8] {
+  %x = f32[8]{0} parameter(0)
+  %z = s32[] constant(0)
+  %t = (s32[], f32[8]) tuple(%z, %x)
+  %w = (s32[], f32[8]) while(%t), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"4"}}
+  %v = (s32[], f32[8]) while(%w), condition=%cond, body=%body
+  ROOT %r = f32[8]{0} get-tuple-element(%v), index=1
+}
+"""
+
+
+def test_host_syncs_are_each_conditional_and_each_test_of_a_loop_xla_did_not_count():
+  """A conditional in two loops of 4 steps: 8 syncs; the loop without XLA's known_trip_count
+  also reads its predicate on the host at each of its 5 tests: 13."""
+  assert aot.hlo_costs(_SYNC_HLO)["host_syncs"] == 4 + (4 + 5)
+
+
 def test_collectives_are_counted_with_their_bytes_on_a_tpu_slice():
   devices = aot.target_devices("v5p:2x2x1")
   mesh = Mesh(np.array(devices), ("x",))

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from configs import base
+from models import aot
+from models import config as config_lib
 from models import qwen3_5
 from rl.rollout import sampling
 from rl.rollout.engine import PrefillInput, QwenEngine, SamplingSettings
@@ -43,20 +45,23 @@ def _reference_ids(cfg, params, prompts, settings):
   logits, cache = prefill(cfg, params, jnp.asarray(np.stack(prompts)),
                           jnp.full((len(prompts),), _PROMPT, jnp.int32), 32)
   temp = jnp.asarray([s.temperature for s in settings], jnp.float32)
-  zeros_k, ones_p = jnp.zeros(len(prompts), jnp.int32), jnp.ones(len(prompts), jnp.float32)
+  top_k = jnp.asarray([s.top_k for s in settings], jnp.int32)
+  top_p = jnp.asarray([s.top_p for s in settings], jnp.float32)
   base_keys = [jax.random.fold_in(jax.random.key(np.uint32(s.seed)), np.uint32(0))
                for s in settings]
   ids = []
   for step in range(_STEPS):
     keys = jnp.stack([jax.random.fold_in(k, step) for k in base_keys])
-    tok, _ = sample(logits, temp, zeros_k, ones_p, keys)
+    tok, _ = sample(logits, temp, top_k, top_p, keys)   # the sampler's choice on the device
     ids.append(np.asarray(tok))
     logits, cache = decode_step(cfg, params, cache, tok)
   return np.stack(ids, axis=1)
 
 
 @pytest.mark.slow  # ~40 s: three engine runs and their references
-def test_sampled_ids_follow_the_documented_keys_in_sampling_mixed_and_greedy_batches():
+def test_sampled_ids_follow_the_documented_keys_in_sampling_mixed_filtering_and_greedy_batches():
+  """The engine picks the sampler's kind on the host (from the slots' settings); each batch
+  samples the ids the sampler gives when it decides on the device."""
   cfg, params = _model()
   engine = QwenEngine(cfg, slots=4, max_len=32, prefill_buckets=(_PROMPT,), params=params)
   rng = np.random.default_rng(0)
@@ -66,6 +71,12 @@ def test_sampled_ids_follow_the_documented_keys_in_sampling_mixed_and_greedy_bat
       "mixed": [SamplingSettings(temperature=t, seed=s)
                 for t, s in ((1.0, 5), (0.0, 6), (0.7, 7), (0.0, 8))],
       "greedy": [SamplingSettings(temperature=0.0, seed=s) for s in (5, 6, 7, 8)],
+      "filtering": [SamplingSettings(temperature=1.0, top_k=3, seed=5),
+                    SamplingSettings(temperature=0.0, seed=6),
+                    SamplingSettings(temperature=1.3, top_p=0.6, seed=7),
+                    SamplingSettings(temperature=1.0, seed=8)],
+      # A greedy row's top-k filters nothing: the batch runs the greedy program.
+      "greedy with top-k": [SamplingSettings(temperature=0.0, top_k=2, seed=s) for s in (5, 6, 7, 8)],
   }
   for name, settings in batches.items():
     got = _engine_ids(engine, prompts, settings)
@@ -75,3 +86,22 @@ def test_sampled_ids_follow_the_documented_keys_in_sampling_mixed_and_greedy_bat
   other = [SamplingSettings(temperature=1.0, seed=s) for s in (15, 16, 17, 18)]
   assert (_engine_ids(engine, prompts, other) != _engine_ids(
       engine, prompts, batches["sampling"])).any()
+
+
+@pytest.mark.parametrize("temperature,top_k,kind", [(1.0, 0, "draw"), (0.0, 0, "greedy"),
+                                                    (1.0, 5, "filter")])
+def test_the_generate_step_compiled_for_a_gpu_never_stops_the_host(temperature, top_k, kind):
+  """The generate program of the sampler kind an engine's default settings run (compile mode,
+  one H200 target) has no conditional and no loop XLA cannot count: the host queues each step
+  without waiting for the device."""
+  c = base.get_config()
+  c.rollout.temperature, c.rollout.top_k = temperature, top_k
+  c.rollout.max_len, c.rollout.max_slots = 64, 4
+  devices = aot.target_devices("h200:1x1")
+  with config_lib.compiling_for("gpu"):
+    engine = QwenEngine.from_config(c, devices=devices)
+    hlo = engine.lower_programs((16,))["generate"].compile().as_text()
+  # The kind the defaults pick: only the filter sorts the vocabulary.
+  assert (" sort(" in hlo) == (kind == "filter")
+  costs = aot.hlo_costs(hlo)
+  assert costs["host_syncs"] == 0 and not costs["unknown_trip_counts"]

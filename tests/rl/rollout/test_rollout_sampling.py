@@ -1,8 +1,11 @@
 """The sampler: greedy, temperature, top-k, top-p, and the logprob it reports."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models import aot
 from rl.rollout import sampling
 
 _sample = jax.jit(sampling.sample)  # eager dispatch of the sort/cond is slow on a busy CPU
@@ -91,3 +94,48 @@ def test_skipping_the_draw_for_all_greedy_batches_changes_no_token_or_logprob():
       tok_ref, lp_ref = ref(*args, _keys(6, seed))
       np.testing.assert_array_equal(tok, tok_ref, err_msg=name)
       np.testing.assert_allclose(lp, lp_ref, rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_the_kind_chosen_on_the_host_samples_what_the_device_choice_does():
+  """`kind_of` from each row's flags picks the program whose tokens and logprobs are those of
+  `sample(kind=None)` (its two `lax.cond`s): greedy, plain draw and filtered batches alike."""
+  rng = np.random.default_rng(4)
+  logits = jnp.asarray(rng.normal(size=(4, 300)) * 2, jnp.float32)
+  batches = {   # temperature, top_k, top_p -> the kind
+      "greedy": ((0.0, 0.0, 0.0, 0.0), (0, 3, 0, 0), (1.0, 1.0, 0.5, 1.0)),
+      "draw": ((0.0, 1.0, 0.7, 0.0), (4, 0, 0, 0), (1.0, 1.0, 1.0, 0.3)),
+      "filter": ((1.0, 1.0, 0.0, 1.3), (0, 5, 0, 0), (1.0, 1.0, 1.0, 0.8)),
+  }
+  for want, (temp, top_k, top_p) in batches.items():
+    temp, top_k, top_p = np.asarray(temp), np.asarray(top_k), np.asarray(top_p)
+    greedy = temp <= 0
+    kind = sampling.kind_of(greedy, (top_k > 0) | (top_p < 1.0))
+    assert kind == want
+    args = (logits, jnp.asarray(temp, jnp.float32), jnp.asarray(top_k, jnp.int32),
+            jnp.asarray(top_p, jnp.float32))
+    on_host = jax.jit(functools.partial(sampling.sample, kind=kind))
+    for seed in range(3):
+      tok, lp = on_host(*args, _keys(4, seed))
+      tok_ref, lp_ref = _sample(*args, _keys(4, seed))
+      np.testing.assert_array_equal(tok, tok_ref, err_msg=kind)
+      np.testing.assert_allclose(lp, lp_ref, rtol=0, atol=1e-6, err_msg=kind)
+  # The filter does run in its kind: a top-1 row then always takes its argmax.
+  one = (jnp.ones(4), jnp.asarray([1, 0, 0, 0], jnp.int32), jnp.ones(4))
+  filtered = jax.jit(functools.partial(sampling.sample, kind="filter"))
+  assert all(int(filtered(logits, *one, _keys(4, s))[0][0]) == int(jnp.argmax(logits[0]))
+             for s in range(8))
+
+
+def test_on_a_gpu_only_the_sampler_that_decides_on_the_device_stops_the_host():
+  """Compiled for an H200: `kind=None` is two conditionals, each a copy of its predicate to the
+  host and a wait (aot.hlo_costs' `host_syncs`); every kind chosen on the host is none."""
+  on = jax.sharding.SingleDeviceSharding(aot.target_devices("h200:1x1")[0])
+  sds = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=on)
+  args = (sds((8, 1024), jnp.float32), sds((8,), jnp.float32), sds((8,), jnp.int32),
+          sds((8,), jnp.float32), sds((8, 2), jnp.uint32))
+  syncs = {}
+  for kind in (None,) + sampling.KINDS:
+    f = jax.jit(lambda l, t, k, p, key, kind=kind: sampling.sample(
+        l, t, k, p, jax.random.wrap_key_data(key), kind=kind))
+    syncs[kind] = aot.hlo_costs(f.lower(*args).compile().as_text())["host_syncs"]
+  assert syncs == {None: 2, "greedy": 0, "draw": 0, "filter": 0}
