@@ -333,6 +333,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.seed = 0                 # sampler seed of requests that bring none
   c.rollout.cache_dtype = ""         # KV / conv cache dtype; "" = model.dtype
   c.rollout.weights_dtype = ""       # dtype of the served weight matrices (vectors keep theirs); "" = model.param_dtype
+  c.rollout.sampler_choice = "host"  # host: the engine picks the sampler's kind (greedy / draw / filter) from the slots' settings, a generate program each; device: one program choosing by lax.cond, which XLA:GPU runs as a host wait each step (rl/rollout/README.md, sampling)
   c.rollout.scan_layers = True       # the engine holds the layers stacked, as trained, and scans them; False = one by one, run as the model with scan_layers=False: decode reads weights in place (no slice copies), compile time grows with depth (docs/rollout.md)
   c.rollout.warmup = True            # compile every prefill bucket before serving
   c.rollout.rpc_threads = 0          # gRPC handler threads; 0 = max(slots, 64)

@@ -222,6 +222,9 @@ class QwenEngine(engine_api.Engine):
       `lower_programs` (the compile mode, rl/compile_job.py).
     lora_spec: a models.lora.LoraSpec: `params` are the frozen base, and `update_params` takes
       adapters, merged into the served weights; None = weight syncs send whole params.
+    sampler_choice: "host" (the sampler's kind picked from the slots' settings, a generate
+      program each) or "device" (one program that chooses with `lax.cond`s: XLA:GPU waits on
+      the host at each; kept to measure that against).
     scan_layers: hold the weights stacked and run the layers as a scan (True), or hold them
       layer by layer and run the model unscanned (False: decode reads each layer's weights in
       place, compile time grows with depth; engine_weights.py).
@@ -233,13 +236,17 @@ class QwenEngine(engine_api.Engine):
                mesh=None, rules=None, prefix_buckets: Sequence[int] = (), prefix_min_len: int = 256,
                initial_version: int = 0, turn_cache: int = 0,
                weights_dtype: Optional[str] = None, abstract_on: Optional[Any] = None,
-               lora_spec: Optional[lora.LoraSpec] = None, scan_layers: bool = True):
+               lora_spec: Optional[lora.LoraSpec] = None, scan_layers: bool = True,
+               sampler_choice: str = "host"):
     if max_len > cfg.max_position_embeddings:
       raise ValueError(f"max_len {max_len} > model max_position_embeddings "
                        f"{cfg.max_position_embeddings}")
+    if sampler_choice not in ("host", "device"):
+      raise ValueError(f"rollout.sampler_choice {sampler_choice!r}: expected 'host' or 'device'")
     self.cfg = cfg
     self.slots = int(slots)
     self.max_len = int(max_len)
+    self.sampler_choice = sampler_choice
     buckets = sorted({int(b) for b in prefill_buckets if 0 < int(b) < self.max_len})
     # The largest prompt leaves room for one sampled token.
     if not buckets or buckets[-1] < self.max_len - 1:
@@ -288,6 +295,7 @@ class QwenEngine(engine_api.Engine):
         prefix_buckets=r.prefix_buckets if r.prefix_cache else (),
         prefix_min_len=r.prefix_min_len, turn_cache=r.turn_cache, mesh=mesh, rules=rules,
         weights_dtype=r.weights_dtype or None, scan_layers=r.scan_layers,
+        sampler_choice=r.sampler_choice,
         lora_spec=lora.from_config(config.lora) if "lora" in config else None)
     kw.update(overrides)
     return cls(cfg, **kw)
@@ -438,7 +446,7 @@ class QwenEngine(engine_api.Engine):
   def generate(self, params, decode_state):
     weights, version = _read(params)
     rows = decode_state[SAMPLER_ROWS]
-    kind = sampling.kind_of(rows[:, 0], rows[:, 1])
+    kind = self._sampler_kind(rows[:, 0], rows[:, 1])
 
     def step():
       state, data, logprobs = self.programs.generate(weights, _on_device(decode_state),
@@ -452,6 +460,11 @@ class QwenEngine(engine_api.Engine):
         state, data, logprobs = self._caches.run_generate(step)
     return state, SampledTokens(data=data, tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3),
                                 samples_per_slot=1, logprobs=logprobs)
+
+  def _sampler_kind(self, greedy, filters) -> Optional[str]:
+    """The generate program's sampler kind for rows of these flags (None: the device's
+    choice, with `sampler_choice="device"`)."""
+    return sampling.kind_of(greedy, filters) if self.sampler_choice == "host" else None
 
   def init_decode_state(self, *args, **kwargs):
     del args, kwargs
@@ -468,7 +481,7 @@ class QwenEngine(engine_api.Engine):
     them (`EnginePrograms.lower`). Nothing runs and nothing is allocated."""
     greedy, filters = self.default_sampling.sampler_row()
     return self.programs.lower(self._weights.params_target(held=True), buckets or self.buckets,
-                               kind=sampling.kind_of([greedy], [filters]))
+                               kind=self._sampler_kind([greedy], [filters]))
 
   def warmup(self, buckets: Optional[Sequence[int]] = None, prefix: Optional[Sequence[int]] = None,
              score: bool = False) -> None:
@@ -505,7 +518,7 @@ class QwenEngine(engine_api.Engine):
     weights, version = _read(self._weights.handle)
     state = _on_device(state)
     with self.programs.context():
-      for kind in sampling.KINDS:
+      for kind in (sampling.KINDS if self.sampler_choice == "host" else (None,)):
         state, data, _ = self.programs.generate(weights, state, np.int32(version), kind=kind)
     jax.block_until_ready(data)
     if score:

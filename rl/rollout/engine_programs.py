@@ -84,7 +84,8 @@ class EnginePrograms:
     insert(prefix, state, slot) -> state (`state` donated)
     generate(params, state, version, kind) -> (state, data [slots, 3], logprobs [slots, 1])
       (`state` donated; `kind`: the sampler's, one of sampling.KINDS, chosen on the host from
-      the slots' settings: a program each, none with a branch)
+      the slots' settings: a program each, none with a branch; None: one program choosing on
+      the device, as `rollout.sampler_choice="device"` runs)
     score(params, tokens [1, bucket]) -> (logprobs [bucket], top logprobs, top ids [bucket, K])
   """
 
@@ -145,7 +146,7 @@ class EnginePrograms:
     state = make()
     return jax.device_put(state, where) if self.mesh is not None else state
 
-  def lower(self, params, buckets: Sequence[int], kind: str = "draw") -> dict:
+  def lower(self, params, buckets: Sequence[int], kind: Optional[str] = "draw") -> dict:
     """name -> `jax.stages.Lowered` of the programs serving runs: a prefill and an insert per
     prompt bucket in `buckets` and the generate step of sampler kind `kind`, for `params`
     (ShapeDtypeStructs with their shardings) and abstract inputs of the shapes and shardings
@@ -220,8 +221,12 @@ class EnginePrograms:
     # skips the derivation too.
     fold = jax.vmap(lambda k, s: jax.random.key_data(
         jax.random.fold_in(jax.random.wrap_key_data(k), s)))
-    keys = jax.random.wrap_key_data(jnp.zeros_like(state["key"]) if kind == "greedy"
-                                    else fold(state["key"], state["step"]))
+    if kind is None:   # chosen on the device (rollout.sampler_choice = "device")
+      raw = jax.lax.cond(jnp.all(state["temperature"] <= 0), lambda k, s: jnp.zeros_like(k),
+                         fold, state["key"], state["step"])
+    else:
+      raw = jnp.zeros_like(state["key"]) if kind == "greedy" else fold(state["key"], state["step"])
+    keys = jax.random.wrap_key_data(raw)
     tokens, logprobs = sampling.sample(state["logits"], state["temperature"], state["top_k"],
                                        state["top_p"], keys, kind=kind)
     # A slot stops changing once its request has sampled (and fed) a stop id or its last

@@ -88,20 +88,28 @@ def test_sampled_ids_follow_the_documented_keys_in_sampling_mixed_filtering_and_
       engine, prompts, batches["sampling"])).any()
 
 
-@pytest.mark.parametrize("temperature,top_k,kind", [(1.0, 0, "draw"), (0.0, 0, "greedy"),
-                                                    (1.0, 5, "filter")])
-def test_the_generate_step_compiled_for_a_gpu_never_stops_the_host(temperature, top_k, kind):
+@pytest.mark.parametrize("temperature,top_k,choice,kind", [
+    (1.0, 0, "host", "draw"), (0.0, 0, "host", "greedy"), (1.0, 5, "host", "filter"),
+    (1.0, 0, "device", None)])
+def test_the_generate_step_compiled_for_a_gpu_never_stops_the_host(temperature, top_k, choice,
+                                                                  kind):
   """The generate program of the sampler kind an engine's default settings run (compile mode,
   one H200 target) has no conditional and no loop XLA cannot count: the host queues each step
-  without waiting for the device."""
+  without waiting for the device. Chosen on the device (`rollout.sampler_choice`), the
+  sampler's two conditionals and the keys' are host waits."""
   c = base.get_config()
   c.rollout.temperature, c.rollout.top_k = temperature, top_k
   c.rollout.max_len, c.rollout.max_slots = 64, 4
+  c.rollout.sampler_choice = choice
   devices = aot.target_devices("h200:1x1")
   with config_lib.compiling_for("gpu"):
     engine = QwenEngine.from_config(c, devices=devices)
     hlo = engine.lower_programs((16,))["generate"].compile().as_text()
+  costs = aot.hlo_costs(hlo)
+  assert not costs["unknown_trip_counts"]
+  if kind is None:
+    assert costs["host_syncs"] >= 2
+    return
+  assert costs["host_syncs"] == 0
   # The kind the defaults pick: only the filter sorts the vocabulary.
   assert (" sort(" in hlo) == (kind == "filter")
-  costs = aot.hlo_costs(hlo)
-  assert costs["host_syncs"] == 0 and not costs["unknown_trip_counts"]
