@@ -144,8 +144,8 @@ class EngineCaches:
     pending, self._pending_turns = self._pending_turns, []
     if self._last_state is None:
       return
+    state = self._last_state
     for slot, tokens in pending:
-      state = self._last_state
       cache, version = self._row_jit(state["cache"], state["version"], np.int32(slot))
       self._turns.keep(tokens, version, cache)
 
