@@ -222,6 +222,9 @@ def parse_args(argv=None):
   ap.add_argument("--decode_prompt_len", type=int, default=0,
                   help="decode's prompt length (0 = the size's: 256 for 1b); a long one, e.g. "
                   "8192, is where model.decode_attention=fused reads less than xla")
+  ap.add_argument("--decode_temperature", type=float, default=0.0,
+                  help="decode's requests: 0 = greedy; 1 = sampled as RL rollouts are (the "
+                  "draw over the vocabulary every token, which the roofline does not count)")
   ap.add_argument("--timeout", type=float, default=0.0,
                   help="seconds per benchmark (decode: twice); 0 = the size's (RUNS)")
   return ap.parse_args(argv)
@@ -282,6 +285,7 @@ def _run_parts(ctx: dict, settings: dict, suffix: str = "") -> tuple:
   # Decode: engine tokens/s against the HBM roofline.
   cmd = [py, os.path.join(HERE, "decode.py"), "--skip_hf", f"--dtype={dtype}",
          f"--prompt_len={run['prompt_len']}", f"--tokens={run['decode_tokens']}",
+         f"--temperature={run['decode_temperature']}",
          "--concurrency=" + ",".join(str(c) for c in run["concurrency"])]
   cmd += [f"--set=model.{k}={v}" for k, v in over.items()]
   cmd += [f"--set={k}={v}" for k, v in engine.items()]
@@ -333,6 +337,7 @@ def main(argv=None, run_child=None):
   timeout = args.timeout or run["timeout"]
   if args.decode_prompt_len:
     run["prompt_len"] = args.decode_prompt_len
+  run["decode_temperature"] = args.decode_temperature
   dtype = "bfloat16"   # params and compute, the smoke run too: the dtype the GPU runs
   out_dir = os.path.join(REPO, args.out) if not os.path.isabs(args.out) else args.out
   os.makedirs(out_dir, exist_ok=True)
@@ -360,7 +365,7 @@ def main(argv=None, run_child=None):
             "params": counts["total"], "active_params": counts["active"],
             "peak_flops": figures[0] if figures else None,
             "hbm_bytes_per_s": figures[1] if figures else None, "settings": settings,
-            "decode_prompt_len": run["prompt_len"]}
+            "decode_prompt_len": run["prompt_len"], "decode_temperature": args.decode_temperature}
   ctx = dict(py=sys.executable, dtype=dtype, run=run, fields=fields, cfg=cfg, figures=figures,
              timeout=timeout, env=env, out_dir=out_dir, run_child=run_child)
   parts, step_cmd = _run_parts(ctx, {**fields, **settings})

@@ -4,6 +4,7 @@
     python benchmarks/decode.py --skip_hf --max_len=64,4096      # cost of the cache's capacity
     python benchmarks/decode.py --dtype=bfloat16 --skip_hf \
         --set=model.hidden_size=2048 --set=model.num_hidden_layers=8 ...   # a bigger one, GPU
+    python benchmarks/decode.py --skip_hf --temperature=1           # sampled, as RL rollouts are
 
 For each concurrency c the engine gets c slots, c prompts are prefilled and inserted, and
 `--tokens` generate steps are timed, half of them blocking (each step's tokens and logprobs on
@@ -44,7 +45,8 @@ def load_config(args):
   return c
 
 
-def bench_engine(config, params, prompts, tokens: int, max_len: int = 0) -> dict:
+def bench_engine(config, params, prompts, tokens: int, max_len: int = 0,
+                 temperature: float = 0.0) -> dict:
   """Engine decode tokens/s with len(prompts) slots, two ways:
 
   blocking   each step's tokens and logprobs reach the host before the next step starts
@@ -61,7 +63,7 @@ def bench_engine(config, params, prompts, tokens: int, max_len: int = 0) -> dict
   state = engine.init_decode_state()
   for slot, p in enumerate(prompts):
     prefix = engine.prefill(params=handle, padded_tokens=PrefillInput(
-        np.asarray(p, np.int32), SamplingSettings(temperature=0.0)), true_length=n)
+        np.asarray(p, np.int32), SamplingSettings(temperature=temperature)), true_length=n)
     state = engine.insert(prefix, state, slot)
   for _ in range(2):  # compile + one warm step
     state, res = engine.generate(handle, state)
@@ -133,6 +135,9 @@ def main():
                   help="the engine's cache capacity (default: just what the run needs); a comma "
                        "list times the engine at each, one after the other, with each rate's "
                        "ratio to the first's (a rollout engine's capacity is rollout.max_len)")
+  ap.add_argument("--temperature", type=float, default=0.0,
+                  help="the engine's requests: 0 = greedy (as transformers' generate runs "
+                  "here), 1 = the recipe's sampling (a draw over the vocabulary every token)")
   ap.add_argument("--torch_threads", type=int, default=0, help="0 = torch's default")
   args = ap.parse_args()
 
@@ -160,11 +165,12 @@ def main():
         flush=True)
   out = {"device": jax.devices()[0].device_kind, "params": counts["total"],
          "active_params": counts["active"], "dtype": args.dtype, "prompt_len": args.prompt_len,
-         "tokens": args.tokens, "engine_tokens_per_s": {}, "engine_pipelined_tokens_per_s": {},
+         "tokens": args.tokens, "temperature": args.temperature, "engine_tokens_per_s": {}, "engine_pipelined_tokens_per_s": {},
          "hf_tokens_per_s": {}, "max_len": capacities, "engine_tokens_per_s_by_max_len": {}}
   for c in conc:
     prompts = rng.integers(10, cfg.vocab_size, size=(c, args.prompt_len))
-    by_cap = [bench_engine(config, params, prompts, args.tokens, cap) for cap in capacities]
+    by_cap = [bench_engine(config, params, prompts, args.tokens, cap, args.temperature)
+              for cap in capacities]
     out["engine_tokens_per_s_by_max_len"][c] = {cap: r["blocking"]
                                                 for cap, r in zip(capacities, by_cap)}
     if len(capacities) > 1:

@@ -250,6 +250,16 @@ def test_a_long_decode_prompt_reaches_the_decode_child_and_its_roofline(tmp_path
   assert roof(long) < roof(short)
 
 
+def test_decode_samples_at_the_temperature_asked_for_and_is_greedy_by_default(tmp_path):
+  """--decode_temperature: the decode child's requests sample at it (RL rollouts' temperature
+  1 draws over the vocabulary every token); greedy by default; the JSON records it."""
+  greedy = _parent(tmp_path, "--gpu_name=NVIDIA H200")
+  sampled = _parent(tmp_path, "--gpu_name=NVIDIA H200", "--decode_temperature=1")
+  assert "--temperature=0.0" in greedy["calls"]["decode"]
+  assert "--temperature=1.0" in sampled["calls"]["decode"]
+  assert (greedy["result"]["decode_temperature"], sampled["result"]["decode_temperature"]) == (0, 1)
+
+
 def test_the_a3b_slice_is_one_layer_cycle_of_35b_a3b_at_its_widths(tmp_path):
   """--size=a3b_slice: every width of the 35B-A3B preset (256 experts top-8, the 248k
   vocabulary, 16/32 Gated DeltaNet heads) with 4 layers (3 Gated DeltaNet, 1 attention), the
