@@ -39,6 +39,8 @@ INT_TUPLES = ("train.seq_buckets", "rollout.prefill_buckets", "rollout.prefix_bu
 # --config.resume: what launch.py does when the run directory holds a run of another config
 # (rl/run_record.py).
 RESUME = ("same", "changed")
+# rollout.sampler_choice: where the engine's sampler picks its kind (rl/rollout/engine.py).
+SAMPLER_CHOICES = ("host", "device")
 
 # Modes that read each file or directory (set = must exist).
 _READS_INIT_FROM = ("rl", "sft", "pass_rates")
@@ -76,6 +78,9 @@ def check_values(config, mode: str) -> None:
   if config.resume not in RESUME:
     raise ConfigError(f"resume={config.resume!r}: must be one of {' | '.join(RESUME)} "
                       "(docs/training.md, \"Checkpoints and resume\")")
+  if config.rollout.sampler_choice not in SAMPLER_CHOICES:
+    raise ConfigError(f"rollout.sampler_choice={config.rollout.sampler_choice!r}: must be one of "
+                      f"{' | '.join(SAMPLER_CHOICES)} (rl/rollout/README.md, sampling)")
   if mode == "rl":
     check_batch_split(config)
 

@@ -37,11 +37,14 @@ def _launch(tmp_path, *args):
     (["--config.envs.tasks_file=/nowhere/tasks.jsonl"],
      "launch.py: envs.tasks_file='/nowhere/tasks.jsonl': no such file or directory (a JSONL task "
      "file or an APEX-Agents task folder; \"\" = generated tasks)"),
+    (["--config.rollout.sampler_choice=gpu"],
+     "launch.py: rollout.sampler_choice='gpu': must be one of host | device (rl/rollout/README.md, "
+     "sampling)"),
     (["--config=configs/nowhere.py"],
      "launch.py: --config=configs/nowhere.py: cannot load the config file ([Errno 2] No such "
      "file or directory: 'configs/nowhere.py')"),
 ], ids=["unknown_key", "wrong_type", "out_of_range", "rows_do_not_split", "missing_init_from",
-        "missing_tasks_file", "missing_config_file"])
+        "missing_tasks_file", "unknown_sampler_choice", "missing_config_file"])
 def test_a_config_error_is_one_line_on_stderr_naming_the_key_exit_code_2(tmp_path, args, line):
   out = _launch(tmp_path, *args)
   assert out.returncode == 2, out.stderr[-3000:]
