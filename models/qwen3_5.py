@@ -323,6 +323,9 @@ def token_logprobs(cfg: ModelConfig, params, hidden, targets, temperature: float
   chunk = cfg.logits_chunk
   if not chunk or t <= chunk:
     return block(hidden, targets)
+  groups = common.split_ways("batch")
+  if groups > 1 and b % groups == 0:
+    block = _grouped_head_block(cfg, head, w, groups)
   n = -(-t // chunk)
   pad = n * chunk - t
   # Block j holds positions j, j + n, j + 2n, ...: spread evenly along the row, so a row split
@@ -336,10 +339,38 @@ def token_logprobs(cfg: ModelConfig, params, hidden, targets, temperature: float
   return unblock(lp), unblock(ent)
 
 
+def _grouped_head_block(cfg: ModelConfig, head, w, groups: int):
+  """`token_logprobs`' block of positions when its rows are split over `groups` sets of devices
+  (the `batch` axis): the rows as [groups, rows / groups, ...], each group with its own copy of
+  the weight [groups, embed, vocab].
+
+  A block's weight gradient is a sum over its rows. With one weight, XLA sums it over the
+  groups' devices inside the loop over blocks, once a block: on 35B-A3B's 16 H200 (a row a
+  node) the float32 [embed, vocab / 8] gradient crossed the nodes 80 times a micro-batch,
+  2,425 GiB a GPU a step (compiler figures, docs/results.md). Each copy's gradient gathers
+  over the blocks on its own devices, and the copies are summed once, after the loop (the
+  transpose of the broadcast)."""
+  wk = common.constrain(jnp.broadcast_to(w, (groups,) + w.shape),
+                        ("batch", None, "activation_vocab"))
+
+  def block(h, y):
+    rows = h.shape[0]
+    hk = common.constrain(h.astype(cfg.jnp_dtype).reshape(groups, rows // groups, *h.shape[1:]),
+                          ("batch", None, None, "activation_embed"))
+    yk = common.constrain(y.reshape(groups, rows // groups, *y.shape[1:]), ("batch", None, None))
+    lp, ent = head(hk, wk.astype(cfg.jnp_dtype), yk)
+    return lp.reshape(y.shape), ent.reshape(y.shape)
+  return block
+
+
 def _head_logits(temperature, h, w):
   """float32 logits / temperature (`logits_from_hidden`'s matmul): the forward's, and the
   backward's recomputation. A block [batch, positions, vocab] is laid out split by vocabulary
-  (`token_logprobs`)."""
+  (`token_logprobs`); with a weight a group of rows [groups, embed, vocab] (`_grouped_head_block`),
+  h is [groups, rows, positions, embed] and each group meets its own."""
+  if w.ndim == 3:
+    z = jnp.einsum("k...e,kev->k...v", h, w, preferred_element_type=jnp.float32) / temperature
+    return common.constrain(z, ("batch", None, None, "activation_vocab")) if z.ndim == 4 else z
   z = jnp.dot(h, w, preferred_element_type=jnp.float32) / temperature
   return common.constrain(z, ("batch", None, "activation_vocab")) if z.ndim == 3 else z
 
@@ -403,6 +434,12 @@ def _head_logprobs_bwd(temperature, residuals, cotangents):
   dz = (jnp.where(onehot, g_picked[..., None], 0.0) - p * g_picked[..., None]
         - g_entropy[..., None] * p * (logp + entropy[..., None]))
   d_logits = (dz / temperature).astype(h.dtype)
+  if w.ndim == 3:   # a weight a group of rows (`_grouped_head_block`)
+    h_bar = jnp.einsum("k...v,kev->k...e", d_logits, w,
+                       preferred_element_type=jnp.float32).astype(h.dtype)
+    w_bar = jnp.einsum("k...e,k...v->kev", h, d_logits,
+                       preferred_element_type=jnp.float32).astype(w.dtype)
+    return common.after(h_bar, w_bar), w_bar, None
   lead = tuple(range(h.ndim - 1))
   h_bar = jax.lax.dot_general(d_logits, w, (((h.ndim - 1,), (1,)), ((), ())),
                               preferred_element_type=jnp.float32).astype(h.dtype)

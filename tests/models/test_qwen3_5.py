@@ -555,6 +555,31 @@ def test_under_context_parallelism_no_layer_moves_a_whole_micro_batchs_activatio
   assert _largest_collective(hlo) < x.size, _largest_collective(hlo)
 
 
+def test_a_blocked_heads_weight_gradient_crosses_the_batchs_devices_once_not_once_a_block():
+  """Rows split over `fsdp` (a row a node in 35B-A3B's layout), positions over `expert`, the
+  LM head's logits taken 16 positions at a time (8 blocks): the same values and gradients as
+  one device, and the head weight's gradient is summed over the rows' devices once, after the
+  blocks (`qwen3_5._grouped_head_block`): less than two of its [embed, vocab / 4] shards in
+  all-reduces, where a sum in every block moved eight."""
+  cfg = _tiny(num_hidden_layers=4, dtype="float32", logits_chunk=16)
+  params = _init(cfg, jax.random.key(0))
+  x = jax.random.normal(jax.random.key(1), (2, 128, cfg.hidden_size))
+  targets = jax.random.randint(jax.random.key(2), x.shape[:2], 0, cfg.vocab_size)
+  c = base.get_config()
+  c.mesh.shape = (1, 2, 4, 1)
+  rules = sharding.context_parallel_rules(sharding.rules_from_config(c.mesh.rules), ("expert",))
+  squares = lambda tree: sum(jnp.sum(a ** 2) for a in jax.tree.leaves(tree))
+  grad = jax.jit(jax.value_and_grad(
+      lambda p, x: squares(qwen3_5.token_logprobs(cfg, p, x, targets, 0.7)[0]), argnums=(0, 1)))
+  want, got, hlo = kernel_checks.one_device_and_split_rows(grad, params, x,
+                                                           sharding.make_mesh(c.mesh), rules)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, w, atol=1e-5 * max(1.0, float(jnp.abs(w).max())))
+  coll = aot.hlo_costs(hlo)["collectives"]
+  summed = sum(coll.get(k, {}).get("bytes", 0) for k in ("all-reduce", "reduce-scatter"))
+  assert summed < 2 * params["lm_head"].nbytes / 4, coll
+
+
 def _param_shardings(cfg, mesh_shape):
   c = base.get_config()
   with c.mesh.unlocked():
