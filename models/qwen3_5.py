@@ -347,7 +347,7 @@ def _grouped_head_block(cfg: ModelConfig, head, w, groups: int):
   A block's weight gradient is a sum over its rows. With one weight, XLA sums it over the
   groups' devices inside the loop over blocks, once a block: on 35B-A3B's 16 H200 (a row a
   node) the float32 [embed, vocab / 8] gradient crossed the nodes 80 times a micro-batch,
-  2,425 GiB a GPU a step (compiler figures, docs/results.md). Each copy's gradient gathers
+  2,425 GiB a GPU a step (compiler figures, docs/results.md). Each copy's gradient adds up
   over the blocks on its own devices, and the copies are summed once, after the loop (the
   transpose of the broadcast)."""
   wk = common.constrain(jnp.broadcast_to(w, (groups,) + w.shape),
