@@ -62,6 +62,7 @@ from jetstream.engine import engine_api
 from jetstream.engine import tokenizer_api
 from jetstream.engine import tokenizer_pb2
 
+from configs import validate
 from models import lora
 from models import qwen3_5
 from models import sharding
@@ -75,7 +76,7 @@ from rl.rollout import sampling
 from rl.rollout.engine_weights import ParamsHandle
 
 # The host entry of a prefix ([2] bool) and of a decode state ([slots, 2] bool): each row's
-# (greedy, filters) flags, from which `generate` picks the sampler's kind (module docstring).
+# (greedy; filters: top-k or top-p set) flags, from which `generate` picks the sampler's kind.
 SAMPLER_ROWS = "sampler_rows"
 
 
@@ -88,9 +89,9 @@ class SamplingSettings:
   seed: Optional[int] = None
 
   def sampler_row(self) -> np.ndarray:
-    """[greedy, filters]: the flags `SAMPLER_ROWS` holds for a request of these settings."""
-    greedy = self.temperature <= 0
-    return np.asarray([greedy, not greedy and (self.top_k > 0 or self.top_p < 1.0)])
+    """[greedy, filters]: the flags `SAMPLER_ROWS` holds for a request of these settings
+    (sampling.kind_of ignores a greedy row's filter)."""
+    return np.asarray([self.temperature <= 0, self.top_k > 0 or self.top_p < 1.0])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,8 +242,9 @@ class QwenEngine(engine_api.Engine):
     if max_len > cfg.max_position_embeddings:
       raise ValueError(f"max_len {max_len} > model max_position_embeddings "
                        f"{cfg.max_position_embeddings}")
-    if sampler_choice not in ("host", "device"):
-      raise ValueError(f"rollout.sampler_choice {sampler_choice!r}: expected 'host' or 'device'")
+    if sampler_choice not in validate.SAMPLER_CHOICES:
+      raise ValueError(f"rollout.sampler_choice {sampler_choice!r}: expected one of "
+                       f"{validate.SAMPLER_CHOICES}")
     self.cfg = cfg
     self.slots = int(slots)
     self.max_len = int(max_len)

@@ -146,7 +146,7 @@ class EnginePrograms:
     state = make()
     return jax.device_put(state, where) if self.mesh is not None else state
 
-  def lower(self, params, buckets: Sequence[int], kind: Optional[str] = "draw") -> dict:
+  def lower(self, params, buckets: Sequence[int], kind: Optional[str]) -> dict:
     """name -> `jax.stages.Lowered` of the programs serving runs: a prefill and an insert per
     prompt bucket in `buckets` and the generate step of sampler kind `kind`, for `params`
     (ShapeDtypeStructs with their shardings) and abstract inputs of the shapes and shardings
