@@ -274,6 +274,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.compile.seq_len = 0              # row length of the compiled train step; 0 = train.seq_len
   c.compile.engine_buckets = ()      # prefill buckets compiled; () = the largest of rollout.prefill_buckets
   c.compile.engine_devices = 0       # devices of the serve job's engine; 0 = one host's (rollout.mesh_shape decides)
+  c.compile.kernel_lines = 0         # GPU targets: print the N source lines whose kernels take longest by the roofline estimate
 
   # Tokenizer and chat format (envs/chat).
   c.tokenizer = ml_collections.ConfigDict()

@@ -36,6 +36,16 @@ What `analyse` reports, per device:
               (`known_trip_count`); times the loops around them. Between two such waits the
               host cannot queue work ahead of the device (the next step, or CUDA graphs'
               launches). A loop of unknown trip count counts two tests.
+  traffic_bytes (GPU sense) the HBM bytes its kernels read and write: each launch's operands
+              and results, or only the slices a fusion takes of an operand and the update it
+              writes in place; times the trip counts. Collectives are left out (links).
+  roofline_seconds each kernel at the slower of its dots' FLOPs at the device's matmul peak for
+              their dtype and precision (`DeviceSpec.matmul_flops`: a float32 dot at
+              `highest` runs on a GPU's CUDA cores, 1/15 of the bfloat16 peak) and its bytes
+              at the HBM bandwidth, summed: an estimate, a floor for a GPU. It leaves out the
+              gaps between launches (a few microseconds each where the host launches them),
+              overlap, and the FLOPs inside Triton kernels, which the HLO does not show.
+              `kernel_lines` splits it by the source lines the kernels came from.
   optimal_seconds (TPU only) XLA's roofline estimate of the step, scaled by the trip counts its
               cost analysis leaves out (the ratio of counted FLOPs to its FLOPs): an estimate.
 
@@ -82,22 +92,38 @@ class DeviceSpec:
   peak_bf16_flops: float   # per second, dense
   hbm_bytes_per_s: float
   devices_per_chip: int = 1
+  f32_flops: float = 0.0    # GPU: true float32 (CUDA cores), per second; 0 = not listed
+  tf32_flops: float = 0.0   # GPU: TF32 tensor cores, dense
+
+  def matmul_flops(self, dtype: str, precision: str = "default") -> float:
+    """Peak matmul FLOP/s for operands of HLO `dtype` at a dot's `precision` (default | high
+    | highest): 16- and 8-bit at the bfloat16 peak; float32 on a GPU TF32 unless `highest`
+    (true float32), on a TPU 1, 3 or 6 bfloat16 passes."""
+    if dtype not in ("f32", "f64"):
+      return self.peak_bf16_flops
+    if self.platform == "tpu":
+      return self.peak_bf16_flops / {"highest": 6, "high": 3}.get(precision, 1)
+    rate = self.f32_flops if precision == "highest" else self.tf32_flops
+    return rate or self.peak_bf16_flops
 
 
 # Spec sheets (per device). TPU: Cloud TPU system architecture pages (a TPU7x chip: 192 GiB,
 # 2307 TFLOP/s, 7.37 TB/s over its two TensorCores); GPU: NVIDIA's data sheets (H100 SXM 80 GB,
-# H200 SXM 141 GB, A100 SXM4 80 GB, HGX B200; dense, no sparsity; a GPU's memory is what its
-# driver reports, as models/gpu_targets/<kind>.txtpb has it).
+# H200 SXM 141 GB, A100 SXM4 80 GB, HGX B200 (an eighth of its 8 GPUs' figures); dense, no
+# sparsity: bfloat16, then FP32 and TF32 tensor cores; a GPU's memory is what its driver
+# reports, as models/gpu_targets/<kind>.txtpb has it).
 DEVICES = {
     "v4": DeviceSpec("TPU v4", "tpu", 32 * GiB, 275e12, 1.2e12),
     "v5e": DeviceSpec("TPU v5e", "tpu", 16 * GiB, 197e12, 819e9),
     "v5p": DeviceSpec("TPU v5p", "tpu", 95 * GiB, 459e12, 2.765e12),
     "v6e": DeviceSpec("TPU v6e", "tpu", 32 * GiB, 918e12, 1.64e12),
     "tpu7x": DeviceSpec("TPU7x TensorCore", "tpu", 96 * GiB, 1153.5e12, 3.685e12, 2),
-    "h100": DeviceSpec("NVIDIA H100 SXM", "cuda", 80 * GiB, 989e12, 3.35e12),
-    "h200": DeviceSpec("NVIDIA H200 SXM", "cuda", 141 * GiB, 989e12, 4.8e12),
-    "a100": DeviceSpec("NVIDIA A100 SXM4 80GB", "cuda", 85_100_068_864, 312e12, 2.039e12),
-    "b200": DeviceSpec("NVIDIA B200", "cuda", 191_514_411_008, 2250e12, 8.0e12),
+    "h100": DeviceSpec("NVIDIA H100 SXM", "cuda", 80 * GiB, 989e12, 3.35e12, 1, 67e12, 494.5e12),
+    "h200": DeviceSpec("NVIDIA H200 SXM", "cuda", 141 * GiB, 989e12, 4.8e12, 1, 67e12, 494.5e12),
+    "a100": DeviceSpec("NVIDIA A100 SXM4 80GB", "cuda", 85_100_068_864, 312e12, 2.039e12, 1,
+                       19.5e12, 156e12),
+    "b200": DeviceSpec("NVIDIA B200", "cuda", 191_514_411_008, 2250e12, 8.0e12, 1, 75e12,
+                       1125e12),
 }
 
 
@@ -419,86 +445,318 @@ def _between_hosts(rest: str, hosts) -> bool:
   return any(len({hosts[d] for d in g}) > 1 for g in groups)
 
 
-def hlo_costs(text: str, hosts=None) -> dict:
-  """FLOPs, collectives and custom calls of an optimized HLO module, loops unrolled by their
-  trip counts (see the module docstring). `hosts`: the host of each device of the program's
-  device assignment, in its order; each collective kind then also gives the bytes of the
-  collectives whose groups span hosts (`between_hosts`)."""
+# Ops inside a fusion that read only part of their first operand (what they return), and ops
+# that write part of a buffer in place (the index of the operand written: nothing else of the
+# buffer is read or written).
+_SLICING = frozenset(("dynamic-slice", "slice", "gather"))
+_IN_PLACE = {"dynamic-update-slice": 1, "scatter": 2}
+# Kernels costed by their bytes and FLOPs (`kernel_traffic`): launches that touch memory.
+_COSTED_OPS = frozenset(("fusion", "custom-call", "copy", "scatter", "sort"))
+
+
+def _uses(name: str, users: dict) -> list[tuple[_Instr, int]]:
+  """(instruction, operand position) of each use of `name`, looking through bitcasts."""
+  out = []
+  for ins, pos in users.get(name, []):
+    out += _uses(ins.name, users) if ins.op == "bitcast" else [(ins, pos)]
+  return out
+
+
+def _fusion_traffic(ins: _Instr, body: list[_Instr], nbytes: dict) -> int:
+  """HBM bytes a fusion reads and writes: each operand whole, or only the slices its body
+  takes of it (dynamic-slice, slice, gather), nothing of a buffer it updates in place; each
+  result whole, or only the update of an in-place dynamic-update-slice / scatter root."""
+  by_name = {i.name: i for i in body}
+  users, params = {}, {}
+  for i in body:
+    if i.op == "parameter":
+      params[int(re.match(r"(\d+)\)", i.rest).group(1))] = i.name
+    for pos, name in enumerate(_operand_names(i.rest) if i.op != "parameter" else []):
+      users.setdefault(name, []).append((i, pos))
+  read = 0
+  for idx, operand in enumerate(_operand_names(ins.rest)):
+    full = nbytes.get(operand, 0)
+    uses = _uses(params.get(idx, ""), users)
+    if uses and all(pos == 0 and (u.op in _SLICING or u.op in _IN_PLACE) for u, pos in uses):
+      full = min(full, sum(_bytes(_arrays(u.type_str)) for u, _ in uses if u.op in _SLICING))
+    read += full
+  root = body[-1] if body else None
+  roots = [by_name[n] for n in _operand_names(root.rest) if n in by_name] \
+      if root is not None and root.op == "tuple" else [root]
+  write = 0
+  for r in roots:
+    while r is not None and r.op == "bitcast":
+      r = by_name.get((_operand_names(r.rest) or [""])[0])
+    if r is None:
+      continue
+    if r.op in _IN_PLACE:
+      updated = _operand_names(r.rest)
+      write += nbytes.get(updated[_IN_PLACE[r.op]], 0) if len(updated) > _IN_PLACE[r.op] else 0
+    else:
+      write += _bytes(_arrays(r.type_str))
+  return read + write
+
+
+def kernel_traffic(ins: _Instr, comps: dict, nbytes: dict) -> int:
+  """HBM bytes one launch of a kernel reads and writes (a roofline's memory side): fusions
+  as `_fusion_traffic`; a custom call (cuBLAS, cuDNN, Triton) its operands and results, less
+  the scratch (u8 / s8) buffers its result tuple carries; a copy or sort its operands and
+  results; a scatter its updates twice (read, written in place) and its indices. Collectives
+  and conditionals: 0 (links and the host, not HBM)."""
+  operands = _operand_names(ins.rest)
+  if ins.op == "fusion":
+    callee = dict(_callees(ins)).get("calls", "")
+    return _fusion_traffic(ins, comps.get(callee, []), nbytes)
+  if ins.op == "scatter":
+    return 2 * nbytes.get(operands[-1], 0) + sum(nbytes.get(o, 0) for o in operands[1:-1])
+  if ins.op in ("custom-call", "copy", "sort"):
+    out = [a for a in _arrays(ins.type_str) if a[0] not in ("u8", "s8")] or _arrays(ins.type_str)
+    return sum(nbytes.get(o, 0) for o in operands) + _bytes(out)
+  return 0
+
+
+def _loop_trips(ins: _Instr, comps: dict, unknown: list) -> int:
+  """A while loop's trip count: XLA's `known_trip_count`, else read from its condition
+  (`_trip_count`); 1 and the condition added to `unknown` when neither says."""
+  m = re.search(r'"known_trip_count":\{"n":"(\d+)"', ins.rest)   # XLA's own, where it says
+  if m:
+    return int(m.group(1))
+  cond_name = dict(_callees(ins))["condition"]
+  n = _trip_count(comps.get(cond_name, []), comps)
+  if n is None:
+    unknown.append(cond_name)
+    return 1
+  return n
+
+
+def _parsed(text: str) -> tuple[dict, str, dict, dict, dict]:
+  """(computations, entry, {name: first array's dims}, {name: its dtype}, {name: bytes of all
+  its arrays})."""
   comps, entry = _parse_module(text)
-  shapes = {}
+  if entry is None:
+    raise ValueError("no ENTRY computation in the HLO text")
+  shapes, dtypes, nbytes = {}, {}, {}
   for instrs in comps.values():
     for ins in instrs:
       arrays = _arrays(ins.type_str)
       if arrays:
-        shapes[ins.name] = arrays[0][1]
-  unknown = []
+        dtypes[ins.name], shapes[ins.name] = arrays[0]
+        nbytes[ins.name] = _bytes(arrays)
+  return comps, entry, shapes, dtypes, nbytes
 
-  def trip(ins: _Instr) -> int:
-    m = re.search(r'"known_trip_count":\{"n":"(\d+)"', ins.rest)   # XLA's own, where it says
-    if m:
-      return int(m.group(1))
-    cond_name = dict(_callees(ins))["condition"]
-    n = _trip_count(comps.get(cond_name, []), comps)
-    if n is None:
-      unknown.append(cond_name)
-      return 1
-    return n
+
+def _call_target(ins: _Instr) -> str:
+  m = re.search(r'custom_call_target="([^"]+)"', ins.rest)
+  return m.group(1) if m else "?"
+
+
+def _own_flops(ins: _Instr, shapes: dict, dtypes: dict, spec: Optional[DeviceSpec]):
+  """(FLOPs, seconds at `spec`'s matmul peak for the operands' dtype and the dot's precision;
+  0 without a spec) of an instruction itself: dots, convolutions, cuBLAS GEMM calls."""
+  if ins.op == "dot":
+    flops = _dot_flops(ins, shapes)
+  elif ins.op == "convolution":
+    flops = _conv_flops(ins, shapes)
+  elif ins.op == "custom-call" and "cublas" in _call_target(ins):
+    flops = _gemm_call_flops(ins, shapes)
+  else:
+    return 0.0, 0.0
+  if spec is None or not flops:
+    return flops, 0.0
+  m = re.search(r'operand_precision(?:=\{|":\[")(\w+)', ins.rest)
+  lhs = (_operand_names(ins.rest) or [""])[0]
+  rate = spec.matmul_flops(dtypes.get(lhs, "bf16"), m.group(1).lower() if m else "default")
+  return flops, flops / rate
+
+
+@dataclasses.dataclass
+class _Cost:
+  """What a computation costs a run, its loops unrolled (`hlo_costs`)."""
+  flops: float = 0.0
+  matmul_s: float = 0.0                 # its dots' FLOPs at the matmul peak of their dtype
+  collectives: dict = dataclasses.field(default_factory=dict)   # kind -> (count, bytes, between)
+  calls: dict = dataclasses.field(default_factory=dict)
+  kernels: int = 0
+  syncs: int = 0
+  traffic: int = 0
+  roofline_s: float = 0.0
+
+  def add(self, other: "_Cost", times: int, launches: bool) -> None:
+    """Adds `times` runs of a computation this one calls; `launches`: its kernels run as
+    kernels of their own (not inside a fusion, not a loop's test)."""
+    self.flops += times * other.flops
+    self.matmul_s += times * other.matmul_s
+    if launches:
+      self.kernels += times * other.kernels
+      self.syncs += times * other.syncs
+      self.traffic += times * other.traffic
+      self.roofline_s += times * other.roofline_s
+    for kind, (cn, cb, cx) in other.collectives.items():
+      n0, b0, x0 = self.collectives.get(kind, (0, 0, 0))
+      self.collectives[kind] = (n0 + times * cn, b0 + times * cb, x0 + times * cx)
+    for target, cnt in other.calls.items():
+      self.calls[target] = self.calls.get(target, 0) + times * cnt
+
+
+def hlo_costs(text: str, hosts=None, spec: Optional[DeviceSpec] = None) -> dict:
+  """FLOPs, collectives, custom calls, kernels, host syncs and HBM traffic of an optimized HLO
+  module, loops unrolled by their trip counts (see the module docstring). `hosts`: the host of
+  each device of the program's device assignment, in its order; each collective kind then also
+  gives the bytes of the collectives whose groups span hosts (`between_hosts`). `spec`: adds
+  `roofline_seconds`, each kernel at the slower of its dots' FLOPs at the device's matmul peak
+  for their dtype and precision and its bytes at its HBM bandwidth, summed (an estimate: no
+  launch gaps, no overlap, Triton kernels' FLOPs unseen)."""
+  comps, entry, shapes, dtypes, nbytes = _parsed(text)
+  unknown = []
+  bw = spec.hbm_bytes_per_s if spec else math.inf
 
   @functools.lru_cache(maxsize=None)
-  def cost(name: str) -> tuple:
-    flops, coll, calls, kernels, syncs = 0.0, {}, {}, 0, 0
+  def cost(name: str) -> _Cost:
+    c = _Cost()
     for ins in comps.get(name, []):
-      kernels += ins.op in _KERNEL_OPS
-      syncs += ins.op == "conditional"
-      if ins.op == "dot":
-        flops += _dot_flops(ins, shapes)
-      elif ins.op == "convolution":
-        flops += _conv_flops(ins, shapes)
-      elif ins.op == "custom-call":
-        m = re.search(r'custom_call_target="([^"]+)"', ins.rest)
-        target = m.group(1) if m else "?"
-        calls[target] = calls.get(target, 0) + 1
-        if "cublas" in target:
-          flops += _gemm_call_flops(ins, shapes)
+      c.kernels += ins.op in _KERNEL_OPS
+      c.syncs += ins.op == "conditional"
+      flops, secs = _own_flops(ins, shapes, dtypes, spec)
+      c.flops += flops
+      c.matmul_s += secs
+      if ins.op == "custom-call":
+        c.calls[_call_target(ins)] = c.calls.get(_call_target(ins), 0) + 1
       kind = ins.op[:-6] if ins.op.endswith("-start") else ins.op
       if kind in COLLECTIVES:
-        arrays = _arrays(ins.type_str)
-        # An async start's result is (operands..., results...): its largest array is the
-        # result of an all-gather and the operand of a reduce-scatter; either is the bytes moved.
-        nbytes = max((_bytes([a]) for a in arrays), default=0) if ins.op.endswith("-start") \
-            else _bytes(arrays)
-        n, b, x = coll.get(kind, (0, 0, 0))
-        coll[kind] = (n + 1, b + nbytes,
-                      x + (nbytes if hosts is not None and _between_hosts(ins.rest, hosts) else 0))
-      callees = _callees(ins)
-      n_trip = trip(ins) if ins.op == "while" else 1
+        _add_collective(c.collectives, kind, ins, hosts)
+      if ins.op in _COSTED_OPS:
+        k_bytes = kernel_traffic(ins, comps, nbytes)
+        k_secs = secs + (cost(dict(_callees(ins))["calls"]).matmul_s if ins.op == "fusion" else 0)
+        c.traffic += k_bytes
+        c.roofline_s += max(k_secs, k_bytes / bw)
+      n_trip = _loop_trips(ins, comps, unknown) if ins.op == "while" else 1
       if ins.op == "while" and '"known_trip_count"' not in ins.rest:
-        syncs += n_trip + 1       # XLA:GPU reads each test's predicate on the host
-      for role, callee in callees:
+        c.syncs += n_trip + 1       # XLA:GPU reads each test's predicate on the host
+      for role, callee in _callees(ins):
         if role == "to_apply" and ins.op != "call":
           continue  # scalar reducers of reduce / all-reduce / scatter
         times = n_trip + 1 if role == "condition" else (n_trip if role == "body" else 1)
-        f, c, k, n_kernels, n_syncs = cost(callee)
-        flops += times * f
-        if ins.op != "fusion" and role != "condition":   # a fusion's body is its one kernel
-          kernels += times * n_kernels
-          syncs += times * n_syncs
-        for kind2, (cn, cb, cx) in c.items():
-          n0, b0, x0 = coll.get(kind2, (0, 0, 0))
-          coll[kind2] = (n0 + times * cn, b0 + times * cb, x0 + times * cx)
-        for t2, cnt in k.items():
-          calls[t2] = calls.get(t2, 0) + times * cnt
-    return flops, coll, calls, kernels, syncs
+        # A fusion's body is its one kernel; a loop's test is not counted as launches.
+        c.add(cost(callee), times, launches=ins.op != "fusion" and role != "condition")
+    return c
 
-  if entry is None:
-    raise ValueError("no ENTRY computation in the HLO text")
-  flops, coll, calls, kernels, syncs = cost(entry)
-  return {"flops": flops, "kernels": int(kernels), "host_syncs": int(syncs),
+  c = cost(entry)
+  return {"flops": c.flops, "kernels": int(c.kernels), "host_syncs": int(c.syncs),
+          "traffic_bytes": int(c.traffic),
+          **({"roofline_seconds": c.roofline_s} if spec else {}),
           "collectives": {k: {"count": int(n), "bytes": int(b),
                               **({"between_hosts": int(x)} if hosts is not None else {})}
-                          for k, (n, b, x) in sorted(coll.items())},
-          "custom_calls": dict(sorted(calls.items())),
+                          for k, (n, b, x) in sorted(c.collectives.items())},
+          "custom_calls": dict(sorted(c.calls.items())),
           "unknown_trip_counts": sorted(set(unknown))}
+
+
+def _add_collective(coll: dict, kind: str, ins: _Instr, hosts) -> None:
+  """Adds one collective's count and bytes (and bytes between hosts) to `coll[kind]`."""
+  arrays = _arrays(ins.type_str)
+  # An async start's result is (operands..., results...): its largest array is the result of
+  # an all-gather and the operand of a reduce-scatter; either is the bytes moved.
+  nbytes = max((_bytes([a]) for a in arrays), default=0) if ins.op.endswith("-start") \
+      else _bytes(arrays)
+  n, b, x = coll.get(kind, (0, 0, 0))
+  coll[kind] = (n + 1, b + nbytes,
+                x + (nbytes if hosts is not None and _between_hosts(ins.rest, hosts) else 0))
+
+
+_FRAME_TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+
+
+def _stack_frames(text: str) -> dict[int, list[str]]:
+  """stack_frame_id -> its frames, innermost first ("file:line function"), from the tables
+  an optimized module's text begins with (a frame's `parent_frame_id` is 1 + its parent's
+  index; 0: none)."""
+  tables, cur = {t: {} for t in _FRAME_TABLES}, None
+  for line in text.splitlines():
+    if line.strip() in _FRAME_TABLES:
+      cur = line.strip()
+      continue
+    m = re.match(r"^(\d+) (.*)$", line)
+    if cur is None or not m:
+      if line.startswith(("%", "ENTRY")):
+        break
+      continue
+    tables[cur][int(m.group(1))] = m.group(2)
+  names = {k: v.strip('"') for k, v in tables["FileNames"].items()}
+  funcs = {k: v.strip('"') for k, v in tables["FunctionNames"].items()}
+  where = {}
+  for k, v in tables["FileLocations"].items():
+    f = dict(re.findall(r"(\w+)=(\d+)", v))
+    path = names.get(int(f.get("file_name_id", 0)), "?")
+    path = os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
+    where[k] = f"{path}:{f.get('line', '?')} {funcs.get(int(f.get('function_name_id', 0)), '?')}"
+  parents = {k: dict(re.findall(r"(\w+)=(\d+)", v)) for k, v in tables["StackFrames"].items()}
+  out = {}
+  for k in parents:
+    chain, f = [], k
+    while f in parents and len(chain) < 64:
+      here = where.get(int(parents[f]["file_location_id"]), "?")
+      if not chain or chain[-1] != here:     # a loop's body and its call share a line
+        chain.append(here)
+      f = int(parents[f]["parent_frame_id"]) - 1
+    out[k] = chain
+  return out
+
+
+def _executions(comps: dict, entry: str, unknown: list) -> dict[str, int]:
+  """Launches a run makes of each kernel instruction (`_COSTED_OPS` outside fusions' bodies):
+  1 times the trip counts of the loops around it."""
+  out: dict[str, int] = {}
+
+  def walk(name: str, times: int) -> None:
+    for ins in comps.get(name, []):
+      if ins.op in _COSTED_OPS:
+        out[ins.name] = out.get(ins.name, 0) + times
+      if ins.op == "fusion":
+        continue
+      n_trip = _loop_trips(ins, comps, unknown) if ins.op == "while" else 1
+      for role, callee in _callees(ins):
+        if role == "condition" or (role == "to_apply" and ins.op != "call"):
+          continue   # loop tests (scalars), and the scalar reducers of reductions
+        walk(callee, times * (n_trip if role == "body" else 1))
+
+  walk(entry, 1)
+  return out
+
+
+def kernel_lines(text: str, spec: DeviceSpec, top: int = 20, depth: int = 2) -> list[dict]:
+  """Where a program's kernels would spend a device's time, by source line (an estimate):
+  each kernel launch costed as `hlo_costs`' roofline (the slower of its dots at the matmul
+  peak and its bytes at HBM bandwidth), grouped by the `depth` innermost frames of the code it
+  came from, the `top` largest first: {"where", "seconds", "launches", "flops", "bytes"}."""
+  comps, entry, shapes, dtypes, nbytes = _parsed(text)
+  frames = _stack_frames(text)
+  by_name = {i.name: i for instrs in comps.values() for i in instrs}
+
+  @functools.lru_cache(maxsize=None)
+  def inside(name: str) -> tuple[float, float]:      # (FLOPs, matmul seconds) of a body
+    out = [0.0, 0.0]
+    for i in comps.get(name, []):
+      own = _own_flops(i, shapes, dtypes, spec)
+      nested = inside(dict(_callees(i))["calls"]) if i.op == "fusion" else (0.0, 0.0)
+      out = [out[0] + own[0] + nested[0], out[1] + own[1] + nested[1]]
+    return out[0], out[1]
+
+  rows: dict[str, dict] = {}
+  for name, times in _executions(comps, entry, []).items():
+    ins = by_name[name]
+    m = re.search(r"stack_frame_id=(\d+)", ins.rest)
+    where = " < ".join(frames.get(int(m.group(1)), [])[:depth]) if m else ""
+    own = _own_flops(ins, shapes, dtypes, spec)
+    nested = inside(dict(_callees(ins))["calls"]) if ins.op == "fusion" else (0.0, 0.0)
+    k_bytes = kernel_traffic(ins, comps, nbytes)
+    row = rows.setdefault(where or f"({ins.op}, no source)",
+                          {"seconds": 0.0, "launches": 0, "flops": 0.0, "bytes": 0})
+    row["seconds"] += times * max(own[1] + nested[1], k_bytes / spec.hbm_bytes_per_s)
+    row["launches"] += times
+    row["flops"] += times * (own[0] + nested[0])
+    row["bytes"] += times * k_bytes
+  ranked = sorted(rows.items(), key=lambda kv: -kv[1]["seconds"])[:top]
+  return [{"where": w, **r} for w, r in ranked]
 
 
 def memory(compiled) -> dict:
@@ -553,7 +811,7 @@ def analyse(compiled, spec: DeviceSpec, hosts=None) -> dict:
   """Memory, counted FLOPs, collectives and (TPU) XLA's time estimate of a compiled program;
   `hosts` as `hlo_costs` takes them."""
   mem = memory(compiled)
-  costs = hlo_costs(compiled.as_text(), hosts)
+  costs = hlo_costs(compiled.as_text(), hosts, spec)
   out = {"memory": mem, "fits": mem["total"] <= spec.hbm_bytes, "hbm_bytes": spec.hbm_bytes,
          **costs}
   ca = None

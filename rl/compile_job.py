@@ -142,9 +142,10 @@ def engine_programs(config, devices, buckets) -> tuple[dict, dict]:
 
 
 def compile_one(name: str, lowered, spec: aot.DeviceSpec, n_devices: int,
-                flops: Optional[float] = None, hosts=None) -> dict:
+                flops: Optional[float] = None, hosts=None, kernel_lines: int = 0) -> dict:
   """Compiles one lowered program and analyses it; out of memory is a result, not a raise.
-  `hosts`: each device's host in the program's device order (`aot.hlo_costs`), or None."""
+  `hosts`: each device's host in the program's device order (`aot.hlo_costs`), or None.
+  `kernel_lines`: also the source lines whose kernels take longest (`aot.kernel_lines`)."""
   t0 = time.time()
   row: dict[str, Any] = {"program": name}
   try:
@@ -157,12 +158,16 @@ def compile_one(name: str, lowered, spec: aot.DeviceSpec, n_devices: int,
     return row
   row["compile_s"] = round(time.time() - t0, 1)
   row.update(aot.analyse(compiled, spec, hosts))
+  if kernel_lines > 0:
+    row["kernel_lines"] = aot.kernel_lines(compiled.as_text(), spec, top=kernel_lines)
   if flops:
     row["model_flops"] = flops
     # The HLO's FLOPs are per device; the model's are the whole step's.
     row["flops_ratio"] = row["flops"] * n_devices / flops
     if row.get("estimated_seconds"):
       row["estimated_mfu"] = flops / (row["estimated_seconds"] * n_devices * spec.peak_bf16_flops)
+    if row.get("roofline_seconds"):
+      row["roofline_mfu"] = flops / (row["roofline_seconds"] * n_devices * spec.peak_bf16_flops)
   return row
 
 
@@ -205,6 +210,15 @@ def format_row(row: dict, spec: aot.DeviceSpec) -> str:
     lines.append(f"  kernels/device a step (launches, loops counted): {row['kernels']:,}")
     lines.append(f"  host syncs a step (conditionals, loop tests XLA cannot count): "
                  f"{row['host_syncs']:,}")
+    mfu = row.get("roofline_mfu")
+    lines.append(f"  roofline estimate: {1e3 * row['roofline_seconds']:,.1f} ms a step"
+                 + (f" (MFU at most {100 * mfu:.1f}%)" if mfu else "")
+                 + f", HBM traffic {row['traffic_bytes'] / GiB:,.1f} GiB: each kernel the slower "
+                 f"of its FLOPs at peak and its bytes at HBM bandwidth; no launch gaps, Triton "
+                 f"kernels' FLOPs not seen")
+    for k in row.get("kernel_lines", []):
+      lines.append(f"    {1e3 * k['seconds']:9.2f} ms {k['launches']:8,} x  "
+                   f"{k['flops'] / 1e12:8.2f} TFLOP {k['bytes'] / GiB:8.1f} GiB  {k['where']}")
   calls = {k: v for k, v in row["custom_calls"].items()
            if "cudnn" in k or "cublas" in k or "triton" in k}
   if calls:
@@ -296,7 +310,8 @@ def _run(config, t: aot.Target, devices: list, programs) -> list[dict]:
 
   def add(name, lowered, flops, what, n_dev, **extra):
     row = compile_one(name, lowered, spec, n_dev, flops,
-                      hosts if name in ("rl_step", "sft_step") else None)
+                      hosts if name in ("rl_step", "sft_step") else None,
+                      int(config.compile.kernel_lines) if spec.platform == "cuda" else 0)
     row.update(what=what, **extra)
     rows.append(row)
     print(format_row(row, spec), flush=True)

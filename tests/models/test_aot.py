@@ -139,6 +139,89 @@ def test_host_syncs_are_each_conditional_and_each_test_of_a_loop_xla_did_not_cou
   assert aot.hlo_costs(_SYNC_HLO)["host_syncs"] == 4 + (4 + 5)
 
 
+# Instruction names are unique in a module, as XLA prints them (the analysis keys on them).
+_TRAFFIC_HLO = """HloModule m
+
+%fused_update (p0: bf16[4,128,512], p1: f32[128,512], p2: s32[]) -> bf16[4,128,512] {
+  %p0 = bf16[4,128,512]{2,1,0} parameter(0)
+  %p1 = f32[128,512]{1,0} parameter(1)
+  %p2 = s32[] parameter(2)
+  %z = s32[] constant(0)
+  %old = bf16[1,128,512]{2,1,0} dynamic-slice(%p0, %p2, %z, %z), dynamic_slice_sizes={1,128,512}
+  %t = f32[128,512]{1,0} tanh(%p1)
+  %c = bf16[128,512]{1,0} convert(%t)
+  %n = bf16[1,128,512]{2,1,0} bitcast(%c)
+  %u = bf16[1,128,512]{2,1,0} add(%n, %old)
+  ROOT %d = bf16[4,128,512]{2,1,0} dynamic-update-slice(%p0, %u, %p2, %z, %z)
+}
+
+%gemm_bf16 (a1: bf16[1024,1024], b1: bf16[1024,1024]) -> f32[1024,1024] {
+  %a1 = bf16[1024,1024]{1,0} parameter(0)
+  %b1 = bf16[1024,1024]{1,0} parameter(1)
+  ROOT %dot1 = f32[1024,1024]{1,0} dot(%a1, %b1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%gemm_f32 (a2: f32[1024,1024], b2: f32[1024,1024]) -> f32[1024,1024] {
+  %a2 = f32[1024,1024]{1,0} parameter(0)
+  %b2 = f32[1024,1024]{1,0} parameter(1)
+  ROOT %dot2 = f32[1024,1024]{1,0} dot(%a2, %b2), lhs_contracting_dims={1}, rhs_contracting_dims={0}, operand_precision={highest,highest}
+}
+
+ENTRY %main (buf: bf16[4,128,512], x: f32[128,512], i: s32[], a: bf16[1024,1024], b: f32[1024,1024]) -> (bf16[4,128,512], f32[1024,1024], f32[1024,1024]) {
+  %buf = bf16[4,128,512]{2,1,0} parameter(0)
+  %x = f32[128,512]{1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %a = bf16[1024,1024]{1,0} parameter(3)
+  %b = f32[1024,1024]{1,0} parameter(4)
+  %upd = bf16[4,128,512]{2,1,0} fusion(%buf, %x, %i), kind=kLoop, calls=%fused_update
+  %mm = f32[1024,1024]{1,0} fusion(%a, %a), kind=kCustom, calls=%gemm_bf16
+  %mm32 = f32[1024,1024]{1,0} fusion(%b, %b), kind=kCustom, calls=%gemm_f32
+  ROOT %r = (bf16[4,128,512]{2,1,0}, f32[1024,1024]{1,0}, f32[1024,1024]{1,0}) tuple(%upd, %mm, %mm32)
+}
+"""
+
+
+def test_a_kernel_moves_the_slices_it_reads_and_the_update_it_writes_in_place_not_its_buffer():
+  """The update of one [128, 512] row of a [4, 128, 512] buffer reads that row (bf16), the new
+  values (f32) and writes the row back: not the buffer, which XLA updates in place."""
+  comps, _, _, _, nbytes = aot._parsed(_TRAFFIC_HLO)
+  upd = next(i for i in comps["main"] if i.name == "upd")
+  row = 128 * 512
+  assert aot.kernel_traffic(upd, comps, nbytes) == row * 2 + row * 4 + 4 + row * 2
+
+
+def test_the_roofline_is_each_kernel_at_the_slower_of_its_matmuls_at_their_dtypes_peak_and_its_bytes():
+  """A bf16 GEMM of 1024^3 on an H200: 2.1 GFLOP at 989 TFLOP/s (2.2 us) against 6 MiB at 4.8
+  TB/s (1.3 us): compute-bound. The same GEMM in float32 at `highest` runs on CUDA cores (67
+  TFLOP/s: 32 us). The in-place update is memory-bound."""
+  spec = aot.DEVICES["h200"]
+  r = aot.hlo_costs(_TRAFFIC_HLO, spec=spec)
+  flops = 2 * 1024 ** 3
+  update = (128 * 512 * 8 + 4) / spec.hbm_bytes_per_s
+  assert r["roofline_seconds"] == pytest.approx(flops / 989e12 + flops / 67e12 + update)
+  assert r["traffic_bytes"] == 128 * 512 * 8 + 4 + 1024 * 1024 * (2 * 2 + 4) + 1024 * 1024 * 12
+  assert spec.matmul_flops("f32", "default") == 494.5e12      # TF32 tensor cores
+  assert aot.DEVICES["v5p"].matmul_flops("f32", "highest") == 459e12 / 6   # six bf16 passes
+
+
+def test_kernel_lines_put_each_loops_kernels_on_the_source_line_they_came_from():
+  """A scan of 4 matmuls: the matmul's line takes the loop's launches, their FLOPs and nearly
+  all the time, and its caller is named after it."""
+  def f(w, x):
+    def body(c, xi):
+      y = jnp.tanh(xi @ w)                       # the matmul's line
+      return c + y.sum(), y
+    return jax.lax.scan(body, 0.0, x)
+
+  text = jax.jit(f).lower(jnp.ones((256, 512)), jnp.ones((4, 128, 256))).compile().as_text()
+  rows = aot.kernel_lines(text, aot.DEVICES["h200"])
+  top = max(rows, key=lambda r: r["flops"])
+  line = f.__code__.co_firstlineno + 2
+  assert top["where"].startswith(f"{os.path.relpath(__file__)}:{line} ")
+  assert " < " in top["where"] and top["flops"] == 4 * 2 * 128 * 256 * 512
+  assert top["launches"] % 4 == 0
+
+
 def test_collectives_are_counted_with_their_bytes_on_a_tpu_slice():
   devices = aot.target_devices("v5p:2x2x1")
   mesh = Mesh(np.array(devices), ("x",))

@@ -172,12 +172,14 @@ def test_moe_flops_on_tpu_do_not_grow_with_the_number_of_experts():
 def test_launch_compile_mode_prints_a_report_and_a_json_last_line():
   """`launch.py --mode=compile` as a user runs it (a config whose mesh names other than the
   target's device count is refitted; two hosts of one GPU, so that the collectives between
-  hosts are counted apart); a missing target is a one-line error."""
+  hosts are counted apart; the kernels' roofline and its top source lines); a missing target
+  is a one-line error."""
   cmd = [sys.executable, "launch.py", "--mode=compile", "--config=configs/tiny_cpu.py",
          "--config.compile.target=h200:2x1", "--config.compile.programs=('rl_step',)",
          "--config.train.seq_len=64", "--config.train.prompts_per_step=2",
          "--config.train.samples_per_prompt=2", "--config.train.micro_batches=1",
-         "--config.mesh.shape=(1,4,1,1)"]   # a 4-device mesh, compiled for the target's 2
+         "--config.mesh.shape=(1,4,1,1)",   # a 4-device mesh, compiled for the target's 2
+         "--config.compile.kernel_lines=5"]
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
@@ -188,6 +190,12 @@ def test_launch_compile_mode_prints_a_report_and_a_json_last_line():
   assert any(v["between_hosts"] > 0 for v in last["programs"][0]["collectives"].values())
   assert "memory/device:" in out.stdout and "of 141.0" in out.stdout
   assert "kernels/device a step" in out.stdout and last["programs"][0]["kernels"] > 0
+  # The roofline estimate, and the source lines whose kernels take longest by it.
+  prog = last["programs"][0]
+  assert "roofline estimate:" in out.stdout and 0 < prog["roofline_mfu"] < 1
+  lines = prog["kernel_lines"]
+  assert len(lines) == 5 and lines[0]["seconds"] >= lines[-1]["seconds"] > 0
+  assert any(k["where"].startswith(("models/", "rl/")) for k in lines)
   assert "compiling with mesh.shape (1, 2, 1, 1)" in out.stdout
   # The plan's analytic bytes for the same step, beside the compiler's.
   assert "--mode=plan says" in out.stdout and last["programs"][0]["plan_bytes"] > 0
