@@ -581,14 +581,16 @@ class _Cost:
   traffic: int = 0
   roofline_s: float = 0.0
 
-  def add(self, other: "_Cost", times: int, launches: bool) -> None:
+  def add(self, other: "_Cost", times: int, launches: bool, timed: bool = True) -> None:
     """Adds `times` runs of a computation this one calls; `launches`: its kernels run as
-    kernels of their own (not inside a fusion, not a loop's test)."""
+    kernels of their own (not inside a fusion, not a loop's test); `timed`: its traffic and
+    roofline time count (not a conditional's branch that is not the costliest)."""
     self.flops += times * other.flops
     self.matmul_s += times * other.matmul_s
     if launches:
       self.kernels += times * other.kernels
       self.syncs += times * other.syncs
+    if launches and timed:
       self.traffic += times * other.traffic
       self.roofline_s += times * other.roofline_s
     for kind, (cn, cb, cx) in other.collectives.items():
@@ -598,16 +600,16 @@ class _Cost:
       self.calls[target] = self.calls.get(target, 0) + times * cnt
 
 
-def hlo_costs(text: str, hosts=None, spec: Optional[DeviceSpec] = None) -> dict:
-  """FLOPs, collectives, custom calls, kernels, host syncs and HBM traffic of an optimized HLO
-  module, loops unrolled by their trip counts (see the module docstring). `hosts`: the host of
-  each device of the program's device assignment, in its order; each collective kind then also
-  gives the bytes of the collectives whose groups span hosts (`between_hosts`). `spec`: adds
-  `roofline_seconds`, each kernel at the slower of its dots' FLOPs at the device's matmul peak
-  for their dtype and precision and its bytes at its HBM bandwidth, summed (an estimate: no
-  launch gaps, no overlap, Triton kernels' FLOPs unseen)."""
-  comps, entry, shapes, dtypes, nbytes = _parsed(text)
-  unknown = []
+_BRANCH_ROLES = ("branch", "true_computation", "false_computation")
+
+
+def _costing(comps: dict, shapes: dict, dtypes: dict, nbytes: dict, hosts,
+             spec: Optional[DeviceSpec], unknown: list):
+  """The memoised cost of each computation of a parsed module (`hlo_costs`): computation name
+  -> `_Cost`. A conditional's branches each count once in FLOPs, kernels, syncs and
+  collectives (an upper bound), and only its costliest branch in traffic and roofline time:
+  a run takes one (the train step's skip of a filtered micro-batch copies zeros, its other
+  branch is the micro-batch's whole forward and backward)."""
   bw = spec.hbm_bytes_per_s if spec else math.inf
 
   @functools.lru_cache(maxsize=None)
@@ -632,15 +634,37 @@ def hlo_costs(text: str, hosts=None, spec: Optional[DeviceSpec] = None) -> dict:
       n_trip = _loop_trips(ins, comps, unknown) if ins.op == "while" else 1
       if ins.op == "while" and '"known_trip_count"' not in ins.rest:
         c.syncs += n_trip + 1       # XLA:GPU reads each test's predicate on the host
-      for role, callee in _callees(ins):
+      callees = _callees(ins)
+      taken = _costliest_branch(callees, cost)
+      for role, callee in callees:
         if role == "to_apply" and ins.op != "call":
           continue  # scalar reducers of reduce / all-reduce / scatter
         times = n_trip + 1 if role == "condition" else (n_trip if role == "body" else 1)
         # A fusion's body is its one kernel; a loop's test is not counted as launches.
-        c.add(cost(callee), times, launches=ins.op != "fusion" and role != "condition")
+        c.add(cost(callee), times, launches=ins.op != "fusion" and role != "condition",
+              timed=role not in _BRANCH_ROLES or callee == taken)
     return c
 
-  c = cost(entry)
+  return cost
+
+
+def _costliest_branch(callees: list, cost) -> Optional[str]:
+  """The branch of a conditional (its callees) with the most roofline time, then traffic."""
+  branches = [callee for role, callee in callees if role in _BRANCH_ROLES]
+  return max(branches, key=lambda b: (cost(b).roofline_s, cost(b).traffic), default=None)
+
+
+def hlo_costs(text: str, hosts=None, spec: Optional[DeviceSpec] = None) -> dict:
+  """FLOPs, collectives, custom calls, kernels, host syncs and HBM traffic of an optimized HLO
+  module, loops unrolled by their trip counts (see the module docstring). `hosts`: the host of
+  each device of the program's device assignment, in its order; each collective kind then also
+  gives the bytes of the collectives whose groups span hosts (`between_hosts`). `spec`: adds
+  `roofline_seconds`, each kernel at the slower of its dots' FLOPs at the device's matmul peak
+  for their dtype and precision and its bytes at its HBM bandwidth, summed (an estimate: no
+  launch gaps, no overlap, Triton kernels' FLOPs unseen)."""
+  comps, entry, shapes, dtypes, nbytes = _parsed(text)
+  unknown = []
+  c = _costing(comps, shapes, dtypes, nbytes, hosts, spec, unknown)(entry)
   return {"flops": c.flops, "kernels": int(c.kernels), "host_syncs": int(c.syncs),
           "traffic_bytes": int(c.traffic),
           **({"roofline_seconds": c.roofline_s} if spec else {}),
@@ -702,9 +726,10 @@ def _stack_frames(text: str) -> dict[int, list[str]]:
   return out
 
 
-def _executions(comps: dict, entry: str, unknown: list) -> dict[str, int]:
+def _executions(comps: dict, entry: str, cost, unknown: list) -> dict[str, int]:
   """Launches a run makes of each kernel instruction (`_COSTED_OPS` outside fusions' bodies):
-  1 times the trip counts of the loops around it."""
+  1 times the trip counts of the loops around it; of a conditional, the costliest branch's
+  (`_costing`'s `cost`)."""
   out: dict[str, int] = {}
 
   def walk(name: str, times: int) -> None:
@@ -714,9 +739,13 @@ def _executions(comps: dict, entry: str, unknown: list) -> dict[str, int]:
       if ins.op == "fusion":
         continue
       n_trip = _loop_trips(ins, comps, unknown) if ins.op == "while" else 1
-      for role, callee in _callees(ins):
+      callees = _callees(ins)
+      taken = _costliest_branch(callees, cost)
+      for role, callee in callees:
         if role == "condition" or (role == "to_apply" and ins.op != "call"):
           continue   # loop tests (scalars), and the scalar reducers of reductions
+        if role in _BRANCH_ROLES and callee != taken:
+          continue
         walk(callee, times * (n_trip if role == "body" else 1))
 
   walk(entry, 1)
@@ -742,7 +771,8 @@ def kernel_lines(text: str, spec: DeviceSpec, top: int = 20, depth: int = 2) -> 
     return out[0], out[1]
 
   rows: dict[str, dict] = {}
-  for name, times in _executions(comps, entry, []).items():
+  cost = _costing(comps, shapes, dtypes, nbytes, None, spec, [])
+  for name, times in _executions(comps, entry, cost, []).items():
     ins = by_name[name]
     m = re.search(r"stack_frame_id=(\d+)", ins.rest)
     where = " < ".join(frames.get(int(m.group(1)), [])[:depth]) if m else ""
