@@ -204,6 +204,37 @@ def test_the_roofline_is_each_kernel_at_the_slower_of_its_matmuls_at_their_dtype
   assert aot.DEVICES["v5p"].matmul_flops("f32", "highest") == 459e12 / 6   # six bf16 passes
 
 
+_BRANCH_HLO = """HloModule m
+
+%small (p: f32[1024]) -> f32[8] {
+  %p = f32[1024]{0} parameter(0)
+  %s = f32[8]{0} slice(%p), slice={[0:8]}
+  ROOT %c = f32[8]{0} copy(%s)
+}
+
+%large (q: f32[1024]) -> f32[8] {
+  %q = f32[1024]{0} parameter(0)
+  %e = f32[1024]{0} exponential(%q)
+  %x = f32[1024]{0} copy(%e)
+  ROOT %t = f32[8]{0} slice(%x), slice={[0:8]}
+}
+
+ENTRY %main (pred: pred[], v: f32[1024]) -> f32[8] {
+  %pred = pred[] parameter(0)
+  %v = f32[1024]{0} parameter(1)
+  ROOT %r = f32[8]{0} conditional(%pred, %v, %v), true_computation=%small, false_computation=%large
+}
+"""
+
+
+def test_a_conditional_costs_its_costliest_branch_in_traffic_and_time_and_every_branch_in_kernels():
+  """A run takes one branch: the traffic is the larger branch's copy (4 KiB read and written),
+  not both; the kernel count stays an upper bound over both branches."""
+  r = aot.hlo_costs(_BRANCH_HLO, spec=aot.DEVICES["h200"])
+  assert r["traffic_bytes"] == 2 * 1024 * 4
+  assert r["kernels"] == 1 + 1 + 1      # the conditional and a copy in each branch
+
+
 def test_kernel_lines_put_each_loops_kernels_on_the_source_line_they_came_from():
   """A scan of 4 matmuls: the matmul's line takes the loop's launches, their FLOPs and nearly
   all the time, and its caller is named after it."""
