@@ -44,7 +44,8 @@ What `analyse` reports, per device:
               `highest` runs on a GPU's CUDA cores, 1/15 of the bfloat16 peak) and its bytes
               at the HBM bandwidth, summed: an estimate, a floor for a GPU. It leaves out the
               gaps between launches (a few microseconds each where the host launches them),
-              overlap, and the FLOPs inside Triton kernels, which the HLO does not show.
+              overlap, and the FLOPs inside Triton kernels, which the HLO does not show, and
+              counts a custom call's operands whole (`kernel_traffic`).
               `kernel_lines` splits it by the source lines the kernels came from.
   optimal_seconds (TPU only) XLA's roofline estimate of the step, scaled by the trip counts its
               cost analysis leaves out (the ratio of counted FLOPs to its FLOPs): an estimate.
@@ -500,7 +501,9 @@ def _fusion_traffic(ins: _Instr, body: list[_Instr], nbytes: dict) -> int:
 def kernel_traffic(ins: _Instr, comps: dict, nbytes: dict) -> int:
   """HBM bytes one launch of a kernel reads and writes (a roofline's memory side): fusions
   as `_fusion_traffic`; a custom call (cuBLAS, cuDNN, Triton) its operands and results, less
-  the scratch (u8 / s8) buffers its result tuple carries; a copy or sort its operands and
+  the scratch (u8 / s8) buffers its result tuple carries: whole, so a kernel that reads part
+  of an operand is overcounted (the decode kernels handed every layer's stacked experts or
+  states and the layer's index count the stack, each layer); a copy or sort its operands and
   results; a scatter its updates twice (read, written in place) and its indices. Collectives
   and conditionals: 0 (links and the host, not HBM)."""
   operands = _operand_names(ins.rest)
