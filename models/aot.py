@@ -630,8 +630,7 @@ def _costing(comps: dict, shapes: dict, dtypes: dict, nbytes: dict, hosts,
       if kind in COLLECTIVES:
         _add_collective(c.collectives, kind, ins, hosts)
       if ins.op in _COSTED_OPS:
-        k_bytes = kernel_traffic(ins, comps, nbytes)
-        k_secs = secs + (cost(dict(_callees(ins))["calls"]).matmul_s if ins.op == "fusion" else 0)
+        _, k_secs, k_bytes = _launch_cost(ins, (flops, secs), cost, comps, nbytes)
         c.traffic += k_bytes
         c.roofline_s += max(k_secs, k_bytes / bw)
       n_trip = _loop_trips(ins, comps, unknown) if ins.op == "while" else 1
@@ -649,6 +648,16 @@ def _costing(comps: dict, shapes: dict, dtypes: dict, nbytes: dict, hosts,
     return c
 
   return cost
+
+
+def _launch_cost(ins: _Instr, own: tuple, cost, comps: dict, nbytes: dict) -> tuple:
+  """(FLOPs, matmul seconds, HBM bytes) of one launch of kernel `ins`, whose own (FLOPs,
+  matmul seconds) are `own`: a fusion adds its body's (`cost`, `_costing`'s)."""
+  k_flops, k_secs = own
+  if ins.op == "fusion":
+    body = cost(dict(_callees(ins))["calls"])
+    k_flops, k_secs = k_flops + body.flops, k_secs + body.matmul_s
+  return k_flops, k_secs, kernel_traffic(ins, comps, nbytes)
 
 
 def _costliest_branch(callees: list, cost) -> Optional[str]:
@@ -763,30 +772,19 @@ def kernel_lines(text: str, spec: DeviceSpec, top: int = 20, depth: int = 2) -> 
   comps, entry, shapes, dtypes, nbytes = _parsed(text)
   frames = _stack_frames(text)
   by_name = {i.name: i for instrs in comps.values() for i in instrs}
-
-  @functools.lru_cache(maxsize=None)
-  def inside(name: str) -> tuple[float, float]:      # (FLOPs, matmul seconds) of a body
-    out = [0.0, 0.0]
-    for i in comps.get(name, []):
-      own = _own_flops(i, shapes, dtypes, spec)
-      nested = inside(dict(_callees(i))["calls"]) if i.op == "fusion" else (0.0, 0.0)
-      out = [out[0] + own[0] + nested[0], out[1] + own[1] + nested[1]]
-    return out[0], out[1]
-
-  rows: dict[str, dict] = {}
   cost = _costing(comps, shapes, dtypes, nbytes, None, spec, [])
+  rows: dict[str, dict] = {}
   for name, times in _executions(comps, entry, cost, []).items():
     ins = by_name[name]
     m = re.search(r"stack_frame_id=(\d+)", ins.rest)
     where = " < ".join(frames.get(int(m.group(1)), [])[:depth]) if m else ""
-    own = _own_flops(ins, shapes, dtypes, spec)
-    nested = inside(dict(_callees(ins))["calls"]) if ins.op == "fusion" else (0.0, 0.0)
-    k_bytes = kernel_traffic(ins, comps, nbytes)
+    k_flops, k_secs, k_bytes = _launch_cost(ins, _own_flops(ins, shapes, dtypes, spec), cost,
+                                            comps, nbytes)
     row = rows.setdefault(where or f"({ins.op}, no source)",
                           {"seconds": 0.0, "launches": 0, "flops": 0.0, "bytes": 0})
-    row["seconds"] += times * max(own[1] + nested[1], k_bytes / spec.hbm_bytes_per_s)
+    row["seconds"] += times * max(k_secs, k_bytes / spec.hbm_bytes_per_s)
     row["launches"] += times
-    row["flops"] += times * (own[0] + nested[0])
+    row["flops"] += times * k_flops
     row["bytes"] += times * k_bytes
   ranked = sorted(rows.items(), key=lambda kv: -kv[1]["seconds"])[:top]
   return [{"where": w, **r} for w, r in ranked]
