@@ -116,30 +116,36 @@ def _unit_lower_inverse(strict_lower, precision=_HIGHEST):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _unit_lower_solve(precision, strict_lower, rhs):
-  """X = (I + L)^-1 rhs for strictly lower-triangular L [..., c, c] and rhs [..., c, d].
+  """X = (I + L)^-1 rhs for strictly lower-triangular L [..., c, c] and each of the right-hand
+  sides `rhs` (a tuple of [..., c, d_i]); returns the tuple of X's.
 
   The gradient is written by hand: autodiff through `_unit_lower_inverse` saves every
   power and partial product of its log-depth loop and runs ~2 log2(c) c x c x c matmuls
-  backwards. From (I + L) X = rhs: rhs_bar = Y^T X_bar and L_bar = -rhs_bar X^T (strictly
-  lower part), with Y = (I + L)^-1: two c x c x d matmuls, Y and X the only residuals.
+  backwards. From (I + L) X = rhs: rhs_bar = Y^T X_bar and L_bar = -sum_i rhs_bar_i X_i^T
+  (strictly lower part), with Y = (I + L)^-1: two c x c x d matmuls a side, Y and the X's the
+  only residuals. The sides stay apart: concatenated into one [..., c, sum d_i] operand, XLA
+  wrote the concatenation and each side's slice of the result and of its gradient as copies
+  of float32 per-token tensors (the ~1B GRPO step compiled for an H200: Gated DeltaNet traffic
+  470 -> 449 GiB a step; compiler figures, docs/results.md#one-h200).
   """
-  return _mm(_unit_lower_inverse(strict_lower, precision), rhs, precision)
+  inverse = _unit_lower_inverse(strict_lower, precision)
+  return tuple(_mm(inverse, r, precision) for r in rhs)
 
 
 def _unit_lower_solve_fwd(precision, strict_lower, rhs):
   inverse = _unit_lower_inverse(strict_lower, precision)
-  x = _mm(inverse, rhs, precision)
-  return x, (inverse, x)
+  xs = tuple(_mm(inverse, r, precision) for r in rhs)
+  return xs, (inverse, xs)
 
 
-def _unit_lower_solve_bwd(precision, residuals, x_bar):
-  inverse, x = residuals
-  rhs_bar = _mm(jnp.swapaxes(inverse, -1, -2), x_bar, precision)
+def _unit_lower_solve_bwd(precision, residuals, xs_bar):
+  inverse, xs = residuals
+  rhs_bar = tuple(_mm(jnp.swapaxes(inverse, -1, -2), x_bar, precision) for x_bar in xs_bar)
   c = inverse.shape[-1]
   strictly_lower = jnp.tril(jnp.ones((c, c), dtype=bool), -1)
-  l_bar = jnp.where(strictly_lower, -jnp.einsum("...id,...jd->...ij", rhs_bar, x,
-                                                precision=precision), 0.0)
-  return l_bar, rhs_bar
+  outer = sum(jnp.einsum("...id,...jd->...ij", r, x, precision=precision)
+              for r, x in zip(rhs_bar, xs))
+  return jnp.where(strictly_lower, -outer, 0.0), rhs_bar
 
 
 _unit_lower_solve.defvjp(_unit_lower_solve_fwd, _unit_lower_solve_bwd)
@@ -211,10 +217,9 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int, backward: str =
   # UT transform: (I + L) u = beta v and (I + L) w = beta k exp(g_cum), L strictly lower.
   system = jnp.where(strictly_lower, jnp.einsum("...id,...jd->...ij", k_beta, k, precision=prec)
                      * decay, 0.0)
-  if backward == "custom":  # one solve for both right-hand sides
-    uw = _unit_lower_solve(prec, system, jnp.concatenate(
-        [v * beta[..., None], k_beta * jnp.exp(g_cum)[..., None]], -1))
-    u, w = uw[..., :dv], uw[..., dv:]
+  if backward == "custom":  # one inverse for both right-hand sides
+    u, w = _unit_lower_solve(prec, system, (v * beta[..., None],
+                                            k_beta * jnp.exp(g_cum)[..., None]))
   elif backward == "autodiff":
     inverse = _unit_lower_inverse(system, prec)
     u = mm(inverse, v * beta[..., None])
