@@ -8,7 +8,8 @@ Compiles, for each target, the forward + backward of the accelerator benchmark's
 (benchmarks/accelerator.py `SIZES["1b"]`, bfloat16) over --tokens tokens in rows of --seq, and
 prints the program's temporary bytes (`compiled.memory_analysis()`: what the step holds beyond
 its inputs and outputs, i.e. activations and scratch) beside rl/plan.py's activation estimate for
-the same tokens, and for a GPU the kernels a step launches (`aot.hlo_costs`). Then the same for
+the same tokens, and for a GPU the kernels a step launches and the roofline estimate of its time
+with the MFU that allows (`aot.hlo_costs`; docs/accelerators.md). Then the same for
 each part alone, over the same tokens: one attention layer, one Gated DeltaNet layer, one MoE
 feed-forward, the LM head with the log-probabilities, an RMSNorm
 - so a layer kind that holds far more than the plan counts shows by name, in bytes a token:
@@ -56,6 +57,7 @@ from rl import plan  # noqa: E402
 from rl import train_step  # noqa: E402
 
 MiB = 1 << 20
+GiB = 1 << 30
 PARTS = ("attention", "gated_deltanet", "moe", "lm_head_logprobs", "rms_norm")
 LAYERS = ("attention", "gated_deltanet", "moe", "rms_norm")   # parts with a `kept` figure
 
@@ -148,8 +150,10 @@ def measure(mc, rows: int, seq: int, target: str, names, kept: bool = True, log=
       fn, fargs = progs[name]
       compiled = _compile(fn, fargs, device)
       row = {"temp": int(compiled.memory_analysis().temp_size_in_bytes)}
-      if target != "cpu":   # the kernels a GPU launches a step (aot.hlo_costs)
-        row["kernels"] = aot.hlo_costs(compiled.as_text())["kernels"]
+      if target != "cpu":   # the kernels a GPU launches a step, its roofline (aot.hlo_costs)
+        costs = aot.hlo_costs(compiled.as_text(), spec=aot.DEVICES[target])
+        row.update(kernels=costs["kernels"], roofline_s=costs["roofline_seconds"],
+                   traffic=costs["traffic_bytes"])
       if kept and name in LAYERS:
         two, three = (temp_bytes(*stacked(mc, rows, seq, name, n), device) for n in (2, 3))
         row["kept"] = three - two
@@ -159,6 +163,7 @@ def measure(mc, rows: int, seq: int, target: str, names, kept: bool = True, log=
         log(f"  {target:5s} {name:17s} temp {row['temp'] / MiB:9.1f} MiB  {kib(row['temp'])} KiB a "
             f"token   {row['temp'] / planned['total']:.2f}x the plan's {planned['total'] / MiB:.0f} "
             f"MiB" + (f"   {row['kernels']:,} kernels" if "kernels" in row else "")
+            + (_roofline(mc, tok, seq, row, aot.DEVICES[target]) if "roofline_s" in row else "")
             + f"   (compile {time.time() - t0:.0f} s)")
         continue
       p = parts.get(name)
@@ -168,6 +173,13 @@ def measure(mc, rows: int, seq: int, target: str, names, kept: bool = True, log=
         line += f"   kept a layer {kib(row['kept'])}" + (f" (plan {kib(p['kept'])})" if p else "")
       log(line + f"   (compile {time.time() - t0:.0f} s)")
   return {"parts": out, "plan": planned, "plan_parts": parts}
+
+
+def _roofline(mc, tokens: int, seq: int, row: dict, spec) -> str:
+  """The model step's roofline estimate and the MFU it allows (the benchmark's model FLOPs)."""
+  mfu = accelerator.flops_per_token(mc, seq) * tokens / (row["roofline_s"] * spec.peak_bf16_flops)
+  return (f"   roofline {1e3 * row['roofline_s']:.1f} ms, MFU at most {100 * mfu:.1f}% "
+          f"(an estimate; HBM traffic {row['traffic'] / GiB:.0f} GiB)")
 
 
 def size_config(size: str, remat: str, gdn_scan: str = GDN_SCANS[0], moe_dispatch: str = "auto"):

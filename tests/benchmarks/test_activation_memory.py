@@ -41,3 +41,17 @@ def test_each_layer_kind_keeps_what_the_plan_counts():
   cpu, _ = _run("--parts=attention,gated_deltanet,moe")
   for part in ("attention", "gated_deltanet", "moe"):
     _kept_within(cpu, part, 0.15)
+
+
+@pytest.mark.slow
+def test_a_gpu_target_prints_the_steps_kernels_and_its_roofline():
+  """Compiled for an H200 from this CPU: the step's kernels, HBM traffic and roofline time."""
+  p = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "benchmarks", "activation_memory.py"), "--size=smoke",
+       "--targets=h200", "--tokens=512", "--seq=128", "--parts=model", "--kept=false"],
+      cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+      timeout=600)
+  assert p.returncode == 0, p.stderr[-3000:]
+  model = json.loads(p.stdout.strip().splitlines()[-1])["targets"]["h200"]["parts"]["model"]
+  assert model["kernels"] > 0 and model["traffic"] > 0 and model["roofline_s"] > 0
+  assert "roofline" in p.stdout and "MFU at most" in p.stdout
