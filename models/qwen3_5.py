@@ -155,25 +155,21 @@ def _block(p, x, positions, cfg: ModelConfig, layer_type: str, cache, lengths, m
   return x, router_logits, cache
 
 
-# `scan_unroll=-1` (auto) unrolls models of at most this many layer cycles, per backend
-# (default 2). On a GPU the ~1B benchmark model's 3 cycles unrolled ran faster on an H200 and
-# move fewer HBM bytes in the program compiled for one (docs/model.md, "Layers are scanned").
-AUTO_UNROLL_CYCLES = {"gpu": 4, "cuda": 4, "rocm": 4}
+# `scan_unroll=-1` (auto) unrolls models of at most this many layer cycles.
+AUTO_UNROLL_CYCLES = 2
 
 
-def scan_unroll(cfg: ModelConfig, backend: str | None = None) -> int:
+def scan_unroll(cfg: ModelConfig) -> int:
   """Layer cycles per step of the layer scan for `cfg.scan_unroll` (0 = all, -1 = auto).
 
   The scan's backward copies every stacked residual into its slot of the stacked buffers (on
   CPU ~15% of the step at 4 x 1024 tokens, 2 cycles); unrolled, those copies go, but compile
-  time then grows with depth. Auto unrolls up to `AUTO_UNROLL_CYCLES` cycles of `backend`
-  (default: the platform traced for), 2 where the unrolled program compiles no slower than
-  the scanned one (measured on CPU, docs/model.md), 4 on a GPU, where the copies are a larger
-  share of a step; it scans one cycle a step beyond, keeping compile time flat in depth.
+  time then grows with depth. Auto unrolls up to `AUTO_UNROLL_CYCLES` cycles, where the
+  unrolled program compiles no slower than the scanned one (measured on CPU, docs/model.md),
+  and scans one cycle a step beyond, keeping compile time flat in depth.
   """
   if cfg.scan_unroll == -1:
-    limit = AUTO_UNROLL_CYCLES.get(backend or config_lib.platform(), 2)
-    return cfg.num_cycles if cfg.num_cycles <= limit else 1
+    return cfg.num_cycles if cfg.num_cycles <= AUTO_UNROLL_CYCLES else 1
   return cfg.scan_unroll or cfg.num_cycles
 
 
