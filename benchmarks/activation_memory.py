@@ -182,9 +182,11 @@ def _roofline(mc, tokens: int, seq: int, row: dict, spec) -> str:
           f"(an estimate; HBM traffic {row['traffic'] / GiB:.0f} GiB)")
 
 
-def size_config(size: str, remat: str, gdn_scan: str = GDN_SCANS[0], moe_dispatch: str = "auto"):
+def size_config(size: str, remat: str, gdn_scan: str = GDN_SCANS[0], moe_dispatch: str = "auto",
+                gdn_recompute: bool = True):
   mc = accelerator.model_config(accelerator.SIZES[size], "bfloat16")
-  return mc.replace(remat=remat, gdn_scan=gdn_scan, moe_dispatch=moe_dispatch)
+  return mc.replace(remat=remat, gdn_scan=gdn_scan, moe_dispatch=moe_dispatch,
+                    gdn_recompute=gdn_recompute)
 
 
 def main(argv=None):
@@ -203,9 +205,12 @@ def main(argv=None):
   ap.add_argument("--moe_dispatch", default="auto", choices=MOE_DISPATCHES,
                   help="model.moe_dispatch: how the routed rows meet the experts (auto: the "
                   "target's)")
+  ap.add_argument("--gdn_recompute", default="true", choices=("true", "false"),
+                  help="model.gdn_recompute: the Gated DeltaNet mixer recomputed in the backward")
   args = ap.parse_args(argv)
   rows = args.tokens // args.seq
-  mc = size_config(args.size, args.remat, args.gdn_scan, args.moe_dispatch)
+  mc = size_config(args.size, args.remat, args.gdn_scan, args.moe_dispatch,
+                   args.gdn_recompute == "true")
   planned = plan.activation_bytes(mc, args.seq, rows, 1)
   tok = rows * args.seq
   print(f"{args.size} MoE ({qwen3_5.count_params(mc)['total'] / 1e9:.2f} B params), {rows} x "

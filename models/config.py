@@ -79,6 +79,7 @@ class ModelConfig:
   moe_block_chunk: int = -1
   gdn_precision: str = "highest"
   gdn_scan: str = "outputs"
+  gdn_recompute: bool = True
   decode_attention: str = "xla"
   gdn_decode: str = "xla"
   moe_expert_parallel: str = "auto"

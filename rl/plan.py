@@ -181,6 +181,14 @@ def lora_terms(spec, mc, axes, p_shapes, mesh, rules) -> dict:
 _GDN_WORKING_VALUE_F32 = 16
 _GDN_WORKING_CHUNK_F32 = 7
 _GDN_WORKING_STATES = 1.5
+# What a Gated DeltaNet layer keeps besides when its mixer is not recomputed
+# (`model.gdn_recompute=False`): ~9 float32 [tokens, v_heads * d_v] tensors, ~6 of [tokens,
+# v_heads, chunk] and 1.5 of the per-chunk states, fitted to the compiled "kept a layer" of
+# benchmarks/activation_memory.py at three shapes (the ~1B on this CPU and for an H200, the
+# smoke size; each within 2%). The backward then no longer makes them: `working` less as much.
+_GDN_KEPT_VALUE_F32 = 9
+_GDN_KEPT_CHUNK_F32 = 6
+_GDN_KEPT_STATES = 1.5
 # Bytes an attention score element costs while its block's backward runs: the float32
 # logits, the float32 softmax and the 16-bit probabilities (the H200 compile of one attention
 # layer, XLA's attention over one 2048-token block: 9.9 bytes).
@@ -227,13 +235,17 @@ def part_bytes(mc, seq: int, rows: float, tensor_ways: int = 1, length_ways: int
   # RMSNorm: x and one float32 a row (models/layers/norm.py); its backward, x in float32.
   out["rms_norm"] = {"kept": (h * ab + 4) * tok, "working": h * 4 * tok}
   # Gated DeltaNet: the input projections' input and outputs (the conv's input, z, beta and
-  # the decay input) and the mixer's output; the rest is recomputed (gated_deltanet._mix).
+  # the decay input) and the mixer's output; the rest is recomputed (gated_deltanet._mix),
+  # or with model.gdn_recompute=False kept (`mixer`).
   nv, dk, dv = mc.linear_num_value_heads, mc.linear_key_head_dim, mc.linear_value_head_dim
   conv, value = mc.gdn_conv_dim / tw, mc.gdn_value_dim / tw
+  states = nv / tw * dk * dv * 4 / chunk           # the per-chunk float32 states, a token
+  mixer = 0.0 if mc.gdn_recompute else (_GDN_KEPT_VALUE_F32 * value * 4 + _GDN_KEPT_STATES * states
+                                        + _GDN_KEPT_CHUNK_F32 * nv / tw * chunk * 4) * tok
   out["gated_deltanet"] = {
-      "kept": (h + conv + 2 * value + 2 * nv / tw) * ab * tok,
+      "kept": (h + conv + 2 * value + 2 * nv / tw) * ab * tok + mixer,
       "working": (_GDN_WORKING_VALUE_F32 * value * 4 + _GDN_WORKING_CHUNK_F32 * nv / tw * chunk * 4
-                  + _GDN_WORKING_STATES * nv / tw * dk * dv * 4 / chunk + 2 * conv * ab) * tok}
+                  + _GDN_WORKING_STATES * states + 2 * conv * ab) * tok - mixer}
   # Attention: the projections' input; q before its norm and after RoPE, the sigmoid gate, its
   # derivative, the attention output and the gated output; k before its norm and after RoPE,
   # v. Scores are recomputed in the backward pass, one causal block (or query chunk) at a

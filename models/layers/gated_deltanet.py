@@ -322,7 +322,7 @@ def _causal_conv_heads(parts, conv_states, weights):
 
 
 def forward(p, x, cfg: ModelConfig, state=None, lengths=None, rule: str = "chunked",
-            recompute: bool = True, layer=None):
+            recompute: bool | None = None, layer=None):
   """Gated DeltaNet over x [batch, seq, embed].
 
   Args:
@@ -334,7 +334,8 @@ def forward(p, x, cfg: ModelConfig, state=None, lengths=None, rule: str = "chunk
     rule: "chunked" (training, prefill) or "recurrent" (decode).
     recompute: the gradient keeps only the mixer's bfloat16 inputs (the four projections'
       outputs) and its output, and recomputes the rest in the backward pass (`_mix`). False
-      keeps what autodiff saves; the values and gradients are the same.
+      keeps what autodiff saves; the values and gradients are the same. None (the default):
+      `cfg.gdn_recompute`.
     layer: None, or (decode with `cfg.gdn_decode == "fused"`) the index of this layer in
       `state`, which is then every layer's stacked {"conv": [L, ...], "ssm": [L, ...]}: the
       kernel updates the layer's S in place in the stack (`gdn_fused.recurrent_step`), where
@@ -354,7 +355,7 @@ def forward(p, x, cfg: ModelConfig, state=None, lengths=None, rule: str = "chunk
                         for k in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"))
   mix_params = {k: p[k] for k in ("conv", "A_log", "dt_bias", "norm")}
   mix = functools.partial(_mix, cfg=cfg, rule=rule)
-  if recompute:
+  if cfg.gdn_recompute if recompute is None else recompute:
     mix = common.recompute(mix)
   mix_state = state if layer is None else {"conv": state["conv"][layer], "ssm": state["ssm"]}
   out, conv_state, ssm = mix(mix_params, qkv, z, beta_in, a, mix_state, lengths, layer)

@@ -44,6 +44,12 @@ def test_each_layer_kind_keeps_what_the_plan_counts():
 
 
 @pytest.mark.slow
+def test_a_gated_deltanet_layer_not_recomputed_keeps_what_the_plan_counts():
+  cpu, _ = _run("--parts=gated_deltanet", "--gdn_recompute=false")
+  _kept_within(cpu, "gated_deltanet", 0.15)
+
+
+@pytest.mark.slow
 def test_a_gpu_target_prints_the_steps_kernels_and_its_roofline():
   """Compiled for an H200 from this CPU: the step's kernels, HBM traffic and roofline time."""
   p = subprocess.run(

@@ -85,6 +85,22 @@ def test_full_remat_saves_each_cycles_input_and_holds_one_cycle_recomputed():
   assert full["working"] == pytest.approx(none["working"] + cycle, rel=0.05)
 
 
+def test_a_gated_deltanet_layer_not_recomputed_keeps_its_mixers_float32_tensors():
+  """model.gdn_recompute=False: each Gated DeltaNet layer keeps ~9 float32 value-sized tensors,
+  6 of chunk width and 1.5 of the states a token more (fitted to the compiled layer,
+  benchmarks/activation_memory.py), and its backward holds as much less."""
+  tok = 8 * 2048
+  on, off = (plan.part_bytes(_1b(gdn_recompute=r), 2048, 8.0, platform="gpu")["gated_deltanet"]
+             for r in (True, False))
+  mc = _1b()
+  value = mc.linear_num_value_heads * mc.linear_value_head_dim
+  chunk = mc.linear_num_value_heads * 64
+  states = mc.linear_num_value_heads * mc.linear_key_head_dim * mc.linear_value_head_dim / 64
+  extra = (9 * value + 6 * chunk + 1.5 * states) * 4 * tok
+  assert off["kept"] - on["kept"] == pytest.approx(extra)
+  assert on["working"] - off["working"] == pytest.approx(extra)
+
+
 def test_cudnn_flash_attention_holds_no_scores():
   """On a GPU, bfloat16 attention is cuDNN's flash attention (attention.resolve_impl): only
   its softmax statistics, where XLA's attention holds the square of scores."""

@@ -191,15 +191,16 @@ def test_recomputed_layer_has_the_outputs_and_gradients_of_the_plain_one(with_st
 def test_recomputed_layer_keeps_no_float32_per_head_tensors():
   """The gradient keeps the bfloat16 projections and the mixer's output, not the delta rule's
   float32 q, k, v, UT-transform solutions or per-chunk states (~150 KiB a token on the ~1B
-  benchmark model, docs/model.md)."""
+  benchmark model, docs/model.md); `model.gdn_recompute=False` keeps them."""
   cfg, p, x, _ = _layer_inputs(seq=64)
   cfg = cfg.replace(dtype="bfloat16")
   x = jax.ShapeDtypeStruct(x.shape, jnp.bfloat16)
   p = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), p)
 
   def kept(recompute):
+    layer_cfg = cfg.replace(gdn_recompute=recompute)
     res = saved_residuals(lambda p, x: jnp.sum(
-        gated_deltanet.forward(p, x, cfg, recompute=recompute)[0].astype(jnp.float32)), p, x)
+        gated_deltanet.forward(p, x, layer_cfg)[0].astype(jnp.float32)), p, x)
     return [a for a, where in res if a.dtype == jnp.float32 and a.size >= 64 * 16
             and "argument" not in where]
 
