@@ -214,8 +214,8 @@ def format_row(row: dict, spec: aot.DeviceSpec) -> str:
     lines.append(f"  roofline estimate: {1e3 * row['roofline_seconds']:,.1f} ms a step"
                  + (f" (MFU at most {100 * mfu:.1f}%)" if mfu else "")
                  + f", HBM traffic {row['traffic_bytes'] / GiB:,.1f} GiB: each kernel the slower "
-                 f"of its FLOPs at peak and its bytes at HBM bandwidth; no launch gaps, Triton "
-                 f"kernels' FLOPs not seen")
+                 f"of its matmuls at their dtype's peak and its bytes at HBM bandwidth; no launch "
+                 f"gaps, Triton kernels' FLOPs not seen")
     for k in row.get("kernel_lines", []):
       lines.append(f"    {1e3 * k['seconds']:9.2f} ms {k['launches']:8,} x  "
                    f"{k['flops'] / 1e12:8.2f} TFLOP {k['bytes'] / GiB:8.1f} GiB  {k['where']}")
