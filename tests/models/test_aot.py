@@ -191,8 +191,8 @@ def test_a_kernel_moves_the_slices_it_reads_and_the_update_it_writes_in_place_no
 
 
 def test_the_roofline_is_each_kernel_at_the_slower_of_its_matmuls_at_their_dtypes_peak_and_its_bytes():
-  """A bf16 GEMM of 1024^3 on an H200: 2.1 GFLOP at 989 TFLOP/s (2.2 us) against 6 MiB at 4.8
-  TB/s (1.3 us): compute-bound. The same GEMM in float32 at `highest` runs on CUDA cores (67
+  """A bf16 GEMM of 1024^3 on an H200: 2.1 GFLOP at 989 TFLOP/s (2.2 us) against 8 MiB at 4.8
+  TB/s (1.7 us): compute-bound. The same GEMM in float32 at `highest` runs on CUDA cores (67
   TFLOP/s: 32 us). The in-place update is memory-bound."""
   spec = aot.DEVICES["h200"]
   r = aot.hlo_costs(_TRAFFIC_HLO, spec=spec)
