@@ -777,6 +777,9 @@ def kernel_lines(text: str, spec: DeviceSpec, top: int = 20, depth: int = 2) -> 
   for name, times in _executions(comps, entry, cost, []).items():
     ins = by_name[name]
     m = re.search(r"stack_frame_id=(\d+)", ins.rest)
+    if m is None and ins.op == "copy":     # XLA's own copies: named by what they copy
+      source = by_name.get((_operand_names(ins.rest) or [""])[0])
+      m = source and re.search(r"stack_frame_id=(\d+)", source.rest)
     where = " < ".join(frames.get(int(m.group(1)), [])[:depth]) if m else ""
     k_flops, k_secs, k_bytes = _launch_cost(ins, _own_flops(ins, shapes, dtypes, spec), cost,
                                             comps, nbytes)

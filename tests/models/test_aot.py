@@ -253,6 +253,39 @@ def test_kernel_lines_put_each_loops_kernels_on_the_source_line_they_came_from()
   assert top["launches"] % 4 == 0
 
 
+_COPY_HLO = """HloModule m
+
+FileNames
+1 "models/layers/x.py"
+
+FunctionNames
+1 "zeros"
+
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=7 end_line=7 column=1 end_column=9}
+
+StackFrames
+1 {file_location_id=1 parent_frame_id=1}
+
+%fill () -> f32[1024] {
+  %z = f32[] constant(0)
+  ROOT %b = f32[1024]{0} broadcast(%z), dimensions={}
+}
+
+ENTRY %main () -> f32[1024] {
+  %zeros = f32[1024]{0} fusion(), kind=kLoop, calls=%fill, metadata={stack_frame_id=1}
+  ROOT %c = f32[1024]{0} copy(%zeros)
+}
+"""
+
+
+def test_kernel_lines_name_a_copy_xla_made_by_the_line_of_what_it_copies():
+  """XLA's own copies carry no source; they are put on their operand's line."""
+  rows = aot.kernel_lines(_COPY_HLO, aot.DEVICES["h200"])
+  assert [r["where"] for r in rows] == ["models/layers/x.py:7 zeros"]
+  assert rows[0]["launches"] == 2 and rows[0]["bytes"] == 1024 * 4 * 3
+
+
 def test_collectives_are_counted_with_their_bytes_on_a_tpu_slice():
   devices = aot.target_devices("v5p:2x2x1")
   mesh = Mesh(np.array(devices), ("x",))
