@@ -532,9 +532,19 @@ def _loop_trips(ins: _Instr, comps: dict, unknown: list) -> int:
   return n
 
 
-def _parsed(text: str) -> tuple[dict, str, dict, dict, dict]:
-  """(computations, entry, {name: first array's dims}, {name: its dtype}, {name: bytes of all
-  its arrays})."""
+@dataclasses.dataclass(frozen=True)
+class _Module:
+  """A parsed optimized HLO module: its text, {computation: [instructions]}, the entry, and per
+  instruction name its first array's dims and dtype and the bytes of all its arrays."""
+  text: str
+  comps: dict
+  entry: str
+  shapes: dict
+  dtypes: dict
+  nbytes: dict
+
+
+def _parsed(text: str) -> _Module:
   comps, entry = _parse_module(text)
   if entry is None:
     raise ValueError("no ENTRY computation in the HLO text")
@@ -545,7 +555,7 @@ def _parsed(text: str) -> tuple[dict, str, dict, dict, dict]:
       if arrays:
         dtypes[ins.name], shapes[ins.name] = arrays[0]
         nbytes[ins.name] = _bytes(arrays)
-  return comps, entry, shapes, dtypes, nbytes
+  return _Module(text, comps, entry, shapes, dtypes, nbytes)
 
 
 def _call_target(ins: _Instr) -> str:
@@ -553,22 +563,23 @@ def _call_target(ins: _Instr) -> str:
   return m.group(1) if m else "?"
 
 
-def _own_flops(ins: _Instr, shapes: dict, dtypes: dict, spec: Optional[DeviceSpec]):
+def _own_flops(ins: _Instr, m: _Module, spec: Optional[DeviceSpec]):
   """(FLOPs, seconds at `spec`'s matmul peak for the operands' dtype and the dot's precision;
   0 without a spec) of an instruction itself: dots, convolutions, cuBLAS GEMM calls."""
   if ins.op == "dot":
-    flops = _dot_flops(ins, shapes)
+    flops = _dot_flops(ins, m.shapes)
   elif ins.op == "convolution":
-    flops = _conv_flops(ins, shapes)
+    flops = _conv_flops(ins, m.shapes)
   elif ins.op == "custom-call" and "cublas" in _call_target(ins):
-    flops = _gemm_call_flops(ins, shapes)
+    flops = _gemm_call_flops(ins, m.shapes)
   else:
     return 0.0, 0.0
   if spec is None or not flops:
     return flops, 0.0
-  m = re.search(r'operand_precision(?:=\{|":\[")(\w+)', ins.rest)
+  prec = re.search(r'operand_precision(?:=\{|":\[")(\w+)', ins.rest)
   lhs = (_operand_names(ins.rest) or [""])[0]
-  rate = spec.matmul_flops(dtypes.get(lhs, "bf16"), m.group(1).lower() if m else "default")
+  rate = spec.matmul_flops(m.dtypes.get(lhs, "bf16"),
+                           prec.group(1).lower() if prec else "default")
   return flops, flops / rate
 
 
@@ -606,8 +617,14 @@ class _Cost:
 _BRANCH_ROLES = ("branch", "true_computation", "false_computation")
 
 
-def _costing(comps: dict, shapes: dict, dtypes: dict, nbytes: dict, hosts,
-             spec: Optional[DeviceSpec], unknown: list):
+def _callee_runs(ins: _Instr, n_trip: int) -> list[tuple[str, str, int]]:
+  """(role, computation, runs) of each computation `ins` calls, a while loop's `n_trip` times
+  (its condition once more); the scalar reducers of reduce / all-reduce / scatter left out."""
+  return [(role, callee, n_trip + 1 if role == "condition" else (n_trip if role == "body" else 1))
+          for role, callee in _callees(ins) if role != "to_apply" or ins.op == "call"]
+
+
+def _costing(m: _Module, hosts, spec: Optional[DeviceSpec], unknown: list):
   """The memoised cost of each computation of a parsed module (`hlo_costs`): computation name
   -> `_Cost`. A conditional's branches each count once in FLOPs, kernels, syncs and
   collectives (an upper bound), and only its costliest branch in traffic and roofline time:
@@ -618,10 +635,10 @@ def _costing(comps: dict, shapes: dict, dtypes: dict, nbytes: dict, hosts,
   @functools.lru_cache(maxsize=None)
   def cost(name: str) -> _Cost:
     c = _Cost()
-    for ins in comps.get(name, []):
+    for ins in m.comps.get(name, []):
       c.kernels += ins.op in _KERNEL_OPS
       c.syncs += ins.op == "conditional"
-      flops, secs = _own_flops(ins, shapes, dtypes, spec)
+      flops, secs = _own_flops(ins, m, spec)
       c.flops += flops
       c.matmul_s += secs
       if ins.op == "custom-call":
@@ -630,18 +647,14 @@ def _costing(comps: dict, shapes: dict, dtypes: dict, nbytes: dict, hosts,
       if kind in COLLECTIVES:
         _add_collective(c.collectives, kind, ins, hosts)
       if ins.op in _COSTED_OPS:
-        _, k_secs, k_bytes = _launch_cost(ins, (flops, secs), cost, comps, nbytes)
+        _, k_secs, k_bytes = _launch_cost(ins, (flops, secs), cost, m)
         c.traffic += k_bytes
         c.roofline_s += max(k_secs, k_bytes / bw)
-      n_trip = _loop_trips(ins, comps, unknown) if ins.op == "while" else 1
+      n_trip = _loop_trips(ins, m.comps, unknown) if ins.op == "while" else 1
       if ins.op == "while" and '"known_trip_count"' not in ins.rest:
         c.syncs += n_trip + 1       # XLA:GPU reads each test's predicate on the host
-      callees = _callees(ins)
-      taken = _costliest_branch(callees, cost)
-      for role, callee in callees:
-        if role == "to_apply" and ins.op != "call":
-          continue  # scalar reducers of reduce / all-reduce / scatter
-        times = n_trip + 1 if role == "condition" else (n_trip if role == "body" else 1)
+      taken = _costliest_branch(_callees(ins), cost)
+      for role, callee, times in _callee_runs(ins, n_trip):
         # A fusion's body is its one kernel; a loop's test is not counted as launches.
         c.add(cost(callee), times, launches=ins.op != "fusion" and role != "condition",
               timed=role not in _BRANCH_ROLES or callee == taken)
@@ -650,14 +663,14 @@ def _costing(comps: dict, shapes: dict, dtypes: dict, nbytes: dict, hosts,
   return cost
 
 
-def _launch_cost(ins: _Instr, own: tuple, cost, comps: dict, nbytes: dict) -> tuple:
+def _launch_cost(ins: _Instr, own: tuple, cost, m: _Module) -> tuple:
   """(FLOPs, matmul seconds, HBM bytes) of one launch of kernel `ins`, whose own (FLOPs,
   matmul seconds) are `own`: a fusion adds its body's (`cost`, `_costing`'s)."""
   k_flops, k_secs = own
   if ins.op == "fusion":
     body = cost(dict(_callees(ins))["calls"])
     k_flops, k_secs = k_flops + body.flops, k_secs + body.matmul_s
-  return k_flops, k_secs, kernel_traffic(ins, comps, nbytes)
+  return k_flops, k_secs, kernel_traffic(ins, m.comps, m.nbytes)
 
 
 def _costliest_branch(callees: list, cost) -> Optional[str]:
@@ -666,18 +679,22 @@ def _costliest_branch(callees: list, cost) -> Optional[str]:
   return max(branches, key=lambda b: (cost(b).roofline_s, cost(b).traffic), default=None)
 
 
-def hlo_costs(text: str, hosts=None, spec: Optional[DeviceSpec] = None) -> dict:
+def hlo_costs(text: str, hosts=None, spec: Optional[DeviceSpec] = None,
+              top_lines: int = 0) -> dict:
   """FLOPs, collectives, custom calls, kernels, host syncs and HBM traffic of an optimized HLO
   module, loops unrolled by their trip counts (see the module docstring). `hosts`: the host of
   each device of the program's device assignment, in its order; each collective kind then also
   gives the bytes of the collectives whose groups span hosts (`between_hosts`). `spec`: adds
   `roofline_seconds`, each kernel at the slower of its dots' FLOPs at the device's matmul peak
   for their dtype and precision and its bytes at its HBM bandwidth, summed (an estimate: no
-  launch gaps, no overlap, Triton kernels' FLOPs unseen)."""
-  comps, entry, shapes, dtypes, nbytes = _parsed(text)
+  launch gaps, no overlap, Triton kernels' FLOPs unseen); with `top_lines`, also
+  `kernel_lines`, that time's costliest source lines (`kernel_lines`), from the same parse."""
+  m = _parsed(text)
   unknown = []
-  c = _costing(comps, shapes, dtypes, nbytes, hosts, spec, unknown)(entry)
-  return {"flops": c.flops, "kernels": int(c.kernels), "host_syncs": int(c.syncs),
+  cost = _costing(m, hosts, spec, unknown)
+  c = cost(m.entry)
+  lines = {"kernel_lines": _kernel_rows(m, cost, spec, top_lines)} if spec and top_lines else {}
+  return {**lines, "flops": c.flops, "kernels": int(c.kernels), "host_syncs": int(c.syncs),
           "traffic_bytes": int(c.traffic),
           **({"roofline_seconds": c.roofline_s} if spec else {}),
           "collectives": {k: {"count": int(n), "bytes": int(b),
@@ -738,29 +755,26 @@ def _stack_frames(text: str) -> dict[int, list[str]]:
   return out
 
 
-def _executions(comps: dict, entry: str, cost, unknown: list) -> dict[str, int]:
+def _executions(m: _Module, cost, unknown: list) -> dict[str, int]:
   """Launches a run makes of each kernel instruction (`_COSTED_OPS` outside fusions' bodies):
   1 times the trip counts of the loops around it; of a conditional, the costliest branch's
   (`_costing`'s `cost`)."""
   out: dict[str, int] = {}
 
   def walk(name: str, times: int) -> None:
-    for ins in comps.get(name, []):
+    for ins in m.comps.get(name, []):
       if ins.op in _COSTED_OPS:
         out[ins.name] = out.get(ins.name, 0) + times
       if ins.op == "fusion":
         continue
-      n_trip = _loop_trips(ins, comps, unknown) if ins.op == "while" else 1
-      callees = _callees(ins)
-      taken = _costliest_branch(callees, cost)
-      for role, callee in callees:
-        if role == "condition" or (role == "to_apply" and ins.op != "call"):
-          continue   # loop tests (scalars), and the scalar reducers of reductions
-        if role in _BRANCH_ROLES and callee != taken:
-          continue
-        walk(callee, times * (n_trip if role == "body" else 1))
+      n_trip = _loop_trips(ins, m.comps, unknown) if ins.op == "while" else 1
+      taken = _costliest_branch(_callees(ins), cost)
+      for role, callee, runs in _callee_runs(ins, n_trip):
+        if role == "condition" or (role in _BRANCH_ROLES and callee != taken):
+          continue   # loop tests (scalars); the branches a run does not take
+        walk(callee, times * runs)
 
-  walk(entry, 1)
+  walk(m.entry, 1)
   return out
 
 
@@ -769,20 +783,23 @@ def kernel_lines(text: str, spec: DeviceSpec, top: int = 20, depth: int = 2) -> 
   each kernel launch costed as `hlo_costs`' roofline (the slower of its dots at the matmul
   peak and its bytes at HBM bandwidth), grouped by the `depth` innermost frames of the code it
   came from, the `top` largest first: {"where", "seconds", "launches", "flops", "bytes"}."""
-  comps, entry, shapes, dtypes, nbytes = _parsed(text)
-  frames = _stack_frames(text)
-  by_name = {i.name: i for instrs in comps.values() for i in instrs}
-  cost = _costing(comps, shapes, dtypes, nbytes, None, spec, [])
+  m = _parsed(text)
+  return _kernel_rows(m, _costing(m, None, spec, []), spec, top, depth)
+
+
+def _kernel_rows(m: _Module, cost, spec: DeviceSpec, top: int, depth: int = 2) -> list[dict]:
+  """`kernel_lines` of a parsed module and its `_costing`."""
+  frames = _stack_frames(m.text)
+  by_name = {i.name: i for instrs in m.comps.values() for i in instrs}
   rows: dict[str, dict] = {}
-  for name, times in _executions(comps, entry, cost, []).items():
+  for name, times in _executions(m, cost, []).items():
     ins = by_name[name]
-    m = re.search(r"stack_frame_id=(\d+)", ins.rest)
-    if m is None and ins.op == "copy":     # XLA's own copies: named by what they copy
+    frame = re.search(r"stack_frame_id=(\d+)", ins.rest)
+    if frame is None and ins.op == "copy":     # XLA's own copies: named by what they copy
       source = by_name.get((_operand_names(ins.rest) or [""])[0])
-      m = source and re.search(r"stack_frame_id=(\d+)", source.rest)
-    where = " < ".join(frames.get(int(m.group(1)), [])[:depth]) if m else ""
-    k_flops, k_secs, k_bytes = _launch_cost(ins, _own_flops(ins, shapes, dtypes, spec), cost,
-                                            comps, nbytes)
+      frame = source and re.search(r"stack_frame_id=(\d+)", source.rest)
+    where = " < ".join(frames.get(int(frame.group(1)), [])[:depth]) if frame else ""
+    k_flops, k_secs, k_bytes = _launch_cost(ins, _own_flops(ins, m, spec), cost, m)
     row = rows.setdefault(where or f"({ins.op}, no source)",
                           {"seconds": 0.0, "launches": 0, "flops": 0.0, "bytes": 0})
     row["seconds"] += times * max(k_secs, k_bytes / spec.hbm_bytes_per_s)
@@ -841,11 +858,11 @@ def out_of_memory(error: BaseException) -> Optional[dict]:
   return {"needed": int(need), "available": int(have), "message": text.splitlines()[0][:300]}
 
 
-def analyse(compiled, spec: DeviceSpec, hosts=None) -> dict:
+def analyse(compiled, spec: DeviceSpec, hosts=None, top_lines: int = 0) -> dict:
   """Memory, counted FLOPs, collectives and (TPU) XLA's time estimate of a compiled program;
-  `hosts` as `hlo_costs` takes them."""
+  `hosts` and `top_lines` as `hlo_costs` takes them."""
   mem = memory(compiled)
-  costs = hlo_costs(compiled.as_text(), hosts, spec)
+  costs = hlo_costs(compiled.as_text(), hosts, spec, top_lines)
   out = {"memory": mem, "fits": mem["total"] <= spec.hbm_bytes, "hbm_bytes": spec.hbm_bytes,
          **costs}
   ca = None

@@ -157,9 +157,7 @@ def compile_one(name: str, lowered, spec: aot.DeviceSpec, n_devices: int,
     row.update(fits=False, out_of_memory=oom, compile_s=round(time.time() - t0, 1))
     return row
   row["compile_s"] = round(time.time() - t0, 1)
-  row.update(aot.analyse(compiled, spec, hosts))
-  if kernel_lines > 0:
-    row["kernel_lines"] = aot.kernel_lines(compiled.as_text(), spec, top=kernel_lines)
+  row.update(aot.analyse(compiled, spec, hosts, kernel_lines))
   if flops:
     row["model_flops"] = flops
     # The HLO's FLOPs are per device; the model's are the whole step's.

@@ -184,10 +184,10 @@ ENTRY %main (buf: bf16[4,128,512], x: f32[128,512], i: s32[], a: bf16[1024,1024]
 def test_a_kernel_moves_the_slices_it_reads_and_the_update_it_writes_in_place_not_its_buffer():
   """The update of one [128, 512] row of a [4, 128, 512] buffer reads that row (bf16), the new
   values (f32) and writes the row back: not the buffer, which XLA updates in place."""
-  comps, _, _, _, nbytes = aot._parsed(_TRAFFIC_HLO)
-  upd = next(i for i in comps["main"] if i.name == "upd")
+  m = aot._parsed(_TRAFFIC_HLO)
+  upd = next(i for i in m.comps["main"] if i.name == "upd")
   row = 128 * 512
-  assert aot.kernel_traffic(upd, comps, nbytes) == row * 2 + row * 4 + 4 + row * 2
+  assert aot.kernel_traffic(upd, m.comps, m.nbytes) == row * 2 + row * 4 + 4 + row * 2
 
 
 def test_the_roofline_is_each_kernel_at_the_slower_of_its_matmuls_at_their_dtypes_peak_and_its_bytes():
