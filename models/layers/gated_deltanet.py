@@ -185,7 +185,8 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int, backward: str =
       recurrence (two), every chunk's output, q S + intra v_new, after it at once from the
       states it returns. The same values; "states" returns every chunk's state where the
       other keeps them for its gradient only. "fused": "states" with the recurrence one GPU
-      kernel a pass, forward and backward (`gdn_fused`; Pallas' interpreter on CPU).
+      kernel a pass and the outputs another, forward and backward (`gdn_fused`; Pallas'
+      interpreter on CPU).
   Returns:
     (out [batch, seq, heads, d_v], final state).
   """
@@ -226,12 +227,15 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int, backward: str =
     w = mm(inverse, k_beta * jnp.exp(g_cum)[..., None])
   else:
     raise ValueError(f"model.gdn_backward must be one of {GDN_BACKWARDS}, got {backward!r}")
-  intra = jnp.einsum("...id,...jd->...ij", q, k, precision=prec) * decay  # causal in chunk
-  q_decayed = q * jnp.exp(g_cum)[..., None]
   k_to_end = k * jnp.exp(to_end)[..., None]
   chunk_decay = jnp.exp(g_cum[..., -1])[..., None, None]
-
-  out, state = _scan_chunks(scan, prec, state, u, w, intra, q_decayed, k_to_end, chunk_decay)
+  if scan == "fused":  # q k^T, its decays and q's are built inside the output kernel
+    states, v_new, state = gdn_fused.walk(u, w, k_to_end, chunk_decay[..., 0, 0], state, prec)
+    out = gdn_fused.chunk_outputs(q, k, g, states, v_new, prec)
+  else:
+    intra = jnp.einsum("...id,...jd->...ij", q, k, precision=prec) * decay  # causal in chunk
+    q_decayed = q * jnp.exp(g_cum)[..., None]
+    out, state = _scan_chunks(scan, prec, state, u, w, intra, q_decayed, k_to_end, chunk_decay)
   out = jnp.moveaxis(out, (0, 2), (1, 3)).reshape(b, n * c, nh, dv)[:, :t]
   return out, state
 
@@ -240,8 +244,8 @@ def _scan_chunks(scan: str, prec, state, u, w, intra, q_decayed, k_to_end, chunk
   """The chunked rule's walk over the chunks (each input [n_chunks, batch, heads, ...]):
   returns (out [n_chunks, batch, heads, chunk, d_v], final state). `scan` is
   `chunked_delta_rule`'s: "outputs" computes each chunk's output in the scan, "states" only
-  the state's recurrence, the outputs after it from the states the scan returns; "fused" is
-  "states" with the recurrence one GPU kernel a pass (`gdn_fused`)."""
+  the state's recurrence, the outputs after it from the states the scan returns ("fused",
+  `gdn_fused`'s kernels, is `chunked_delta_rule`'s own branch)."""
   mm = functools.partial(_mm, precision=prec)
 
   def corrected(s, u_i, w_i):        # the chunk's values less what its state predicts
@@ -265,8 +269,6 @@ def _scan_chunks(scan: str, prec, state, u, w, intra, q_decayed, k_to_end, chunk
       return update(s, k_i, decay_i, v_new), (s, v_new)
 
     state, (states, v_new) = jax.lax.scan(step, state, (u, w, k_to_end, chunk_decay))
-  elif scan == "fused":
-    states, v_new, state = gdn_fused.walk(u, w, k_to_end, chunk_decay[..., 0, 0], state, prec)
   else:
     raise ValueError(f"model.gdn_scan must be one of {config_lib.GDN_SCANS}, got {scan!r}")
   return mm(q_decayed, states) + mm(intra, v_new), state

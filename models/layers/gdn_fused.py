@@ -1,4 +1,5 @@
-"""The chunked delta rule's walk over chunks as one GPU kernel a pass (`model.gdn_scan=fused`).
+"""The chunked delta rule's walk over chunks, and its chunks' outputs, each one GPU kernel a
+pass (`model.gdn_scan=fused`).
 
 `gated_deltanet.chunked_delta_rule` reduces each chunk of c positions to a few tensors; across
 the chunks only the state's recurrence is sequential (a_i the chunk's total decay, a scalar):
@@ -21,7 +22,10 @@ caller's use of the returned S_i adds, dv_new_i that of v_new_i):
 and then, for every chunk at once: du_i = dv_i, dw_i = -dv_i S_i^T, dk_i = v_new_i G_{i+1}^T,
 da_i = <S_i, G_{i+1}>. The residuals are the walk's own outputs (S_i, v_new_i) and inputs.
 
-On GPU the kernel is compiled by XLA's Triton pipeline (also when compiling for a GPU target
+The outputs, q_i S_i plus the chunk's own causal term, are a second kernel pair (below,
+`chunk_outputs`), which builds the chunk's q k^T and decays in registers.
+
+On GPU the kernels are compiled by XLA's Triton pipeline (also when compiling for a GPU target
 from a CPU, `--mode=compile`); on CPU Pallas' interpreter runs the same kernel (the tests). TPU
 has no such kernel here (Pallas for TPU is another kernel language): `fused` is an error there.
 On a mesh the walk runs per device (`jax.shard_map`) over its rows and heads: XLA does not
@@ -70,6 +74,21 @@ def _backward_kernel(w_ref, k_ref, a_ref, d_states_ref, d_v_new_ref, d_final_ref
   d_s0_ref[...] = jax.lax.fori_loop(0, chunks, step, d_final_ref[...])
 
 
+def _in_kernel(precision, interpret: bool):
+  """The precision a kernel's float32 dots take for `model.gdn_precision`'s `precision`.
+
+  Compiled for a GPU, `highest` is three TF32 passes (Triton's tf32x3: each operand split into
+  a TF32 high part and the rest, float32 accuracy to a few units in the last place) rather
+  than float32 on the CUDA cores, which an H200 runs at about a seventh of TF32's rate: at
+  that rate the output kernels' matmuls (~1.2 TFLOP a step of the ~1B model) would take about
+  twice their memory traffic's time. Pallas' interpreter (the CPU) keeps HIGHEST; `high` and
+  `default` stay one TF32 pass.
+  """
+  if precision == jax.lax.Precision.HIGHEST and not interpret:
+    return jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
+  return precision
+
+
 def _spec(x, whole: bool, block_v: int) -> pl.BlockSpec:
   """A program's block of `x`: [n, rows x heads] decays whole; [rows x heads, d_k, d_v] states
   and [n, rows x heads, c or d_k, d_v] tensors by columns; `whole`: [n, rows x heads, c, d_k]."""
@@ -113,7 +132,8 @@ def _walk_forward(u, w, k, a, s0, precision, interpret: bool):
   outputs = (jax.ShapeDtypeStruct((n, rows, dk, dv), f32),      # S_i, the state before chunk i
              jax.ShapeDtypeStruct((n, rows, c, dv), f32),       # v_new_i
              jax.ShapeDtypeStruct((rows, dk, dv), f32))         # S_n
-  kernel = functools.partial(_forward_kernel, chunks=n, precision=precision)
+  kernel = functools.partial(_forward_kernel, chunks=n,
+                             precision=_in_kernel(precision, interpret))
   states, v_new, final = _call(kernel, (u, w, k, a, s0), (False, True, True, False, False),
                                outputs, interpret)
   return (states, v_new, final), (w, k, a, states, v_new)
@@ -125,7 +145,8 @@ def _walk_backward(precision, interpret: bool, residuals, cotangents):
   outputs = (jax.ShapeDtypeStruct(states.shape, jnp.float32),   # G_{i+1}
              jax.ShapeDtypeStruct(v_new.shape, jnp.float32),    # dv_i
              jax.ShapeDtypeStruct(d_final.shape, jnp.float32))  # G_0
-  kernel = functools.partial(_backward_kernel, chunks=w.shape[0], precision=precision)
+  kernel = functools.partial(_backward_kernel, chunks=w.shape[0],
+                             precision=_in_kernel(precision, interpret))
   g_next, d_v, d_s0 = _call(kernel, (w, k, a, d_states, d_v_new, d_final),
                             (True, True, False, False, False, False), outputs, interpret)
   einsum = functools.partial(jnp.einsum, precision=precision)
@@ -176,6 +197,165 @@ def walk(u, w, k, decay, state, precision: str = "highest"):
   return jax.shard_map(local, mesh=mesh, in_specs=(chunked,) * 4 + (rows_heads,),
                        out_specs=(chunked, chunked, rows_heads), check_vma=False)(
                            u, w, k, decay, state)
+
+
+# The chunks' outputs (`model.gdn_scan=fused`): with q_i, k_i [c, d_k] the chunk's keys and
+# queries and g_i [c] its log decays,
+#
+#     out_i = (q_i * e^{G_i}) S_i + ((q_i k_i^T) * D_i) v_new_i      [c, d_v]
+#
+# where G_i is g_i's running sum and D_i [c, c] the decay from position j to i (i >= j, else
+# 0). XLA wrote q_i k_i^T, D_i, their product and q_i e^{G_i} to memory as float32 tensors of
+# their own, forward and backward, and read them again (the ~1B GRPO step compiled for an
+# H200: ~116 of the Gated DeltaNet's ~324 GiB a step; docs/results.md#one-h200). Here one
+# program a chunk builds them in registers from q, k and g. D's logarithm is summed over each
+# segment (a float32 matmul with a 0/1 matrix), as `chunked_delta_rule` does, not taken as a
+# difference of running sums, which loses the low bits once they reach hundreds.
+# State columns a forward program writes: chosen from the register budget, not timed.
+OUTPUT_BLOCK_V = 64
+_EXACT = jax.lax.Precision.HIGHEST
+
+
+def _chunk_terms(q, k, g, precision):
+  """(q k^T [c, c], D [c, c], e^G [c], the masks) of one chunk (comment above)."""
+  c = g.shape[0]
+  row = jax.lax.broadcasted_iota(jnp.int32, (c, c), 0)
+  col = jax.lax.broadcasted_iota(jnp.int32, (c, c), 1)
+  upto = col <= row                                          # [i, m]: m <= i
+  before = (col < row).astype(jnp.float32)                   # [m, j]: j < m
+  lower_g = jnp.where(upto, g[None, :], 0.0)                 # [i, m]: g_m where m <= i
+  segment = jnp.dot(lower_g, before, precision=_EXACT)       # [i, j]: sum of g over (j, i]
+  decay = jnp.where(upto, jnp.exp(segment), 0.0)
+  qk = jnp.dot(q, k.T, precision=precision)
+  return qk, decay, jnp.exp(jnp.sum(lower_g, axis=1)), (upto, before)
+
+
+def _output_kernel(q_ref, k_ref, g_ref, s_ref, v_new_ref, out_ref, *, precision):
+  """Program (row x head, chunk, block of state columns): out_i's columns."""
+  q = q_ref[...]
+  qk, decay, scale, _ = _chunk_terms(q, k_ref[...], g_ref[...], precision)
+  out_ref[...] = (jnp.dot(q * scale[:, None], s_ref[...], precision=precision)
+                  + jnp.dot(qk * decay, v_new_ref[...], precision=precision))
+
+
+def _output_backward_kernel(q_ref, k_ref, g_ref, s_ref, v_new_ref, d_out_ref,
+                            d_q_ref, d_k_ref, d_g_ref, d_s_ref, d_v_new_ref, *, precision,
+                            block_v: int):
+  """Program (row x head, chunk): every gradient of out_i, its state columns a block at a time.
+
+  With A = (q k^T) * D and P = q e^G: dS = P^T dout, dv_new = A^T dout, dA = dout v_new^T,
+  dP = dout S^T; dq = dP e^G + (dA * D) k, dk = (dA * D)^T q. The decays' gradient: through
+  D, d(segment) = dA * A, through e^G, dP * P summed over d_k; each reaches g_m from every
+  (i, j) whose segment or running sum holds m.
+  """
+  q, k = q_ref[...], k_ref[...]
+  qk, decay, scale, (upto, before) = _chunk_terms(q, k, g_ref[...], precision)
+  q_dec, a = q * scale[:, None], qk * decay
+  dot = functools.partial(jnp.dot, precision=precision)
+  d_q_dec = jnp.zeros(q.shape, jnp.float32)
+  d_a = jnp.zeros(qk.shape, jnp.float32)
+  for j in range(d_out_ref.shape[-1] // block_v):
+    cols = slice(j * block_v, (j + 1) * block_v)
+    d_out = d_out_ref[:, cols]
+    d_q_dec += dot(d_out, s_ref[:, cols].T)
+    d_a += dot(d_out, v_new_ref[:, cols].T)
+    d_s_ref[:, cols] = dot(q_dec.T, d_out)
+    d_v_new_ref[:, cols] = dot(a.T, d_out)
+  d_qk = d_a * decay
+  d_q_ref[...] = d_q_dec * scale[:, None] + dot(d_qk, k)
+  d_k_ref[...] = dot(d_qk.T, q)
+  d_lower = (jnp.dot(d_a * a, before.T, precision=_EXACT)
+             + jnp.sum(d_q_dec * q_dec, axis=1)[:, None])
+  d_g_ref[...] = jnp.sum(jnp.where(upto, d_lower, 0.0), axis=0)
+
+
+def _chunk_spec(x, block_v: int | None = None) -> pl.BlockSpec:
+  """A program's block of `x` [n, rows x heads, c] or [n, rows x heads, c or d_k, d]: one
+  chunk's, whole, or (`block_v`) the program's columns j of it."""
+  if x.ndim == 3:
+    return pl.BlockSpec((None, None, x.shape[2]), lambda r, i, *_: (i, r, 0))
+  if block_v is None:
+    return pl.BlockSpec((None, None) + x.shape[2:], lambda r, i, *_: (i, r, 0, 0))
+  return pl.BlockSpec((None, None, x.shape[2], block_v), lambda r, i, j: (i, r, 0, j))
+
+
+def _triton_params(interpret: bool):
+  return None if interpret else pl_triton.CompilerParams(num_warps=NUM_WARPS, num_stages=1)
+
+
+# The outputs over [n, rows x heads, ...] arrays; `precision` of the kernels' matmuls.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _outputs(q, k, g, states, v_new, precision, interpret: bool):
+  n, rows, c, dv = v_new.shape
+  block_v = min(OUTPUT_BLOCK_V, dv)
+  if dv % block_v:
+    raise ValueError(f"gdn_scan=fused: the value head dim {dv} is not a multiple of {block_v}")
+  return pl.pallas_call(
+      functools.partial(_output_kernel, precision=_in_kernel(precision, interpret)),
+      out_shape=jax.ShapeDtypeStruct(v_new.shape, jnp.float32), grid=(rows, n, dv // block_v),
+      in_specs=[_chunk_spec(q), _chunk_spec(k), _chunk_spec(g), _chunk_spec(states, block_v),
+                _chunk_spec(v_new, block_v)],
+      out_specs=_chunk_spec(v_new, block_v), interpret=interpret,
+      compiler_params=_triton_params(interpret),
+  )(q, k, g, states, v_new)
+
+
+def _outputs_forward(q, k, g, states, v_new, precision, interpret: bool):
+  return _outputs(q, k, g, states, v_new, precision, interpret), (q, k, g, states, v_new)
+
+
+def _outputs_backward(precision, interpret: bool, residuals, d_out):
+  q, k, g, states, v_new = residuals
+  n, rows = g.shape[:2]
+  block_v = min(OUTPUT_BLOCK_V, v_new.shape[-1])
+  inputs = residuals + (d_out,)
+  outputs = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in residuals)
+  return pl.pallas_call(
+      functools.partial(_output_backward_kernel, precision=_in_kernel(precision, interpret),
+                        block_v=block_v),
+      out_shape=outputs, grid=(rows, n), in_specs=[_chunk_spec(x) for x in inputs],
+      out_specs=[_chunk_spec(x) for x in outputs], interpret=interpret,
+      compiler_params=_triton_params(interpret),
+  )(*inputs)
+
+
+_outputs.defvjp(_outputs_forward, _outputs_backward)
+
+
+def _outputs_local(q, k, g, states, v_new, precision, interpret: bool):
+  """`chunk_outputs` on one device's rows and heads."""
+  n, b, h = g.shape[:3]
+  rows = lambda x: x.reshape(n, b * h, *x.shape[3:])
+  out = _outputs(rows(q), rows(k), rows(g), rows(states), rows(v_new), precision, interpret)
+  return out.reshape(v_new.shape)
+
+
+def chunk_outputs(q, k, g, states, v_new, precision: str = "highest"):
+  """Every chunk's output from its queries, keys, log decays, state and corrected values
+  (comment above), one kernel forward and one backward.
+
+  Args:
+    q, k: [n_chunks, batch, heads, chunk, d_k] float32; g: [n_chunks, batch, heads, chunk].
+    states: [n_chunks, batch, heads, d_k, d_v], the state before each chunk (`walk`).
+    v_new: [n_chunks, batch, heads, chunk, d_v] (`walk`).
+  Returns:
+    [n_chunks, batch, heads, chunk, d_v] float32.
+  """
+  interpret = common.triton_interpret("gdn_scan=fused", "outputs or states")
+  if not interpret:
+    common.check_triton_dims("gdn_scan=fused", (
+        ("the value block, min(OUTPUT_BLOCK_V, linear_value_head_dim)",
+         min(OUTPUT_BLOCK_V, v_new.shape[4])),))
+  local = functools.partial(_outputs_local, precision=jax.lax.Precision(precision),
+                            interpret=interpret)
+  on_mesh = common.kernel_mesh()
+  if on_mesh is None:
+    return local(q, k, g, states, v_new)
+  mesh, rules = on_mesh
+  rows_heads = sharding.logical_to_spec(("batch", "activation_heads"), rules, mesh, g.shape[1:3])
+  chunked = PartitionSpec(None, *rows_heads)
+  return jax.shard_map(local, mesh=mesh, in_specs=(chunked,) * 5, out_specs=chunked,
+                       check_vma=False)(q, k, g, states, v_new)
 
 
 # A decode step's recurrent update (`model.gdn_decode=fused`): rows of the state a program holds.

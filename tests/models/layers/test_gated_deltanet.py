@@ -32,13 +32,14 @@ def test_chunked_and_recurrent_forms_agree(chunk):
   np.testing.assert_allclose(s_c, jnp.swapaxes(s_r, 2, 3), atol=2e-5)   # S, and S transposed
 
 
-def _decay_grad(dtype):
-  q, k, v, a, a_log, beta, s0 = _inputs(dtype)
+def _decay_grad(dtype, scan="outputs", dv=8):
+  q, k, v, a, a_log, beta, s0 = _inputs(dtype, dv=dv)
   w = jnp.asarray(np.random.default_rng(9).standard_normal(v.shape), dtype)
 
   def loss(a_log):
     g = -jnp.exp(a_log) * jax.nn.softplus(a)
-    out, _ = gated_deltanet.chunked_delta_rule(q, k, v, g, beta, s0, 64)
+    out, _ = gated_deltanet.chunked_delta_rule(q, k, v, g, beta, s0, 64, "custom", "highest",
+                                               scan)
     return jnp.sum(out * w)
 
   return np.asarray(jax.grad(loss)(a_log), np.float64)

@@ -1,6 +1,7 @@
-"""model.gdn_scan=fused: the chunked delta rule's walk over chunks as one Pallas kernel a pass
-gives the values and gradients of the scan it replaces, on one device and on a mesh, and
-compiles for an H200 to Triton kernels with no loop over the chunks left to XLA."""
+"""model.gdn_scan=fused: the chunked delta rule's walk over chunks and its chunks' outputs, each
+one Pallas kernel a pass, give the values and gradients of the scan they replace, on one device
+and on a mesh, and compile for an H200 to Triton kernels with no loop over the chunks left to
+XLA."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +17,7 @@ from models.layers import gated_deltanet
 from models.layers import gdn_fused
 
 from tests.models import kernel_checks
-from tests.models.layers.test_gated_deltanet import _assert_rules_agree, _inputs
+from tests.models.layers.test_gated_deltanet import _assert_rules_agree, _decay_grad, _inputs
 
 TRITON = "__gpu$xla.gpu.triton"
 
@@ -45,6 +46,27 @@ def test_the_fused_walk_gives_the_scans_values_and_gradients():
   fused, args = _grads("fused")
   states, _ = _grads("states")
   _assert_rules_agree(fused(args), states(args), 1e-5)
+
+
+def test_the_fused_outputs_over_two_blocks_of_state_columns_give_the_scans_gradients(
+    monkeypatch):
+  """The output kernel's forward programs each write OUTPUT_BLOCK_V of the state's columns and
+  its backward program walks them a block at a time: with two blocks (value heads of 64 in
+  blocks of 32) the values and every gradient are the `states` scan's."""
+  monkeypatch.setattr(gdn_fused, "OUTPUT_BLOCK_V", 32)
+  fused, args = _grads("fused")
+  states, _ = _grads("states")
+  _assert_rules_agree(fused(args), states(args), 1e-5)
+
+
+def test_the_fused_outputs_keep_the_decay_gradient_float32_accurate():
+  """The output kernel sums each segment's log decays itself (a matmul with a 0/1 matrix), not
+  as a difference of running sums: with decays up to A = 16 the A_log gradient stays within
+  1e-5 of float64 (the scan's own form in float64), as the scan's does."""
+  fused = _decay_grad(jnp.float32, "fused", dv=32)
+  with jax.enable_x64(True):
+    exact = _decay_grad(jnp.float64, "outputs", dv=32)
+  assert np.abs(fused - exact).max() <= 1e-5 * np.abs(exact).max()
 
 
 def test_the_fused_walk_on_a_mesh_equals_one_device():
@@ -85,9 +107,9 @@ def test_the_model_runs_with_the_fused_walk_as_with_the_scan():
 @pytest.mark.parametrize("devices", [1, 2])
 def test_the_fused_walk_compiles_for_an_h200_to_triton_kernels(devices):
   """Compiled for H200s from this CPU (XLA:GPU's Triton pipeline), the forward and backward
-  walks are Triton kernels and no loop is left in the program (the scan's were 33 chunk
-  steps: here 33 chunks of 64, a count that is not a power of two); on two GPUs, rows split,
-  the same per device."""
+  walks and outputs are Triton kernels and no loop is left in the program (the scan's were
+  33 chunk steps: here 33 chunks of 64, a count that is not a power of two); on two GPUs,
+  rows split, the same per device."""
   targets = aot.target_devices(f"h200:1x{devices}")
   b, t, h, d = 2, 33 * 64, 4, 128
   mesh_cfg = base.get_config().mesh
@@ -104,8 +126,9 @@ def test_the_fused_walk_compiles_for_an_h200_to_triton_kernels(devices):
       out, state = gated_deltanet.chunked_delta_rule(q, k, v, g, beta, s0, 64, "custom",
                                                      "highest", "fused")
       return jnp.sum(out) + jnp.sum(state)
-    hlo = jax.jit(jax.grad(loss, argnums=tuple(range(6)))).lower(*args).compile().as_text()
-  assert hlo.count(f'custom_call_target="{TRITON}"') == 2, "one forward and one backward walk"
+    step = jax.value_and_grad(loss, argnums=tuple(range(6)))
+    hlo = jax.jit(step).lower(*args).compile().as_text()
+  assert hlo.count(f'custom_call_target="{TRITON}"') == 4, "walks and outputs, both ways"
   assert " while(" not in hlo
 
 
