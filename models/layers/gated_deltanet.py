@@ -177,16 +177,16 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int, backward: str =
     state: [batch, heads, d_k, d_v] float32 initial state.
     backward: how the intra-chunk triangular solve is differentiated: "custom" (its
       hand-written VJP, `_unit_lower_solve`) or "autodiff" (through the matmul loop; the
-      reference). The forward values are the same.
+      reference). The forward values are the same. Unused by "fused" (its kernel's own).
     precision: of the matmuls (`model.gdn_precision`: highest | high | default); the state,
       decays and sums stay float32 whatever it is.
     scan: what the scan over chunks computes (`model.gdn_scan`): "outputs", each chunk's
       output with its state's update (four matmuls a step); "states", only the state's
       recurrence (two), every chunk's output, q S + intra v_new, after it at once from the
       states it returns. The same values; "states" returns every chunk's state where the
-      other keeps them for its gradient only. "fused": "states" with the recurrence one GPU
-      kernel a pass and the outputs another, forward and backward (`gdn_fused`; Pallas'
-      interpreter on CPU).
+      other keeps them for its gradient only. "fused": "states" with each chunk's
+      triangular solve, the recurrence and the outputs one GPU kernel a pass each, forward
+      and backward (`gdn_fused`; Pallas' interpreter on CPU).
   Returns:
     (out [batch, seq, heads, d_v], final state).
   """
@@ -194,7 +194,6 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int, backward: str =
   dv = v.shape[-1]
   c = chunk_size
   prec = jax.lax.Precision(precision)
-  mm = functools.partial(_mm, precision=prec)
   pad = (-t) % c
   if pad:  # zero keys, values, beta and log-decay leave the state untouched
     padder = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
@@ -206,16 +205,36 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int, backward: str =
   g, beta = to_chunks(g[..., None])[..., 0], to_chunks(beta[..., None])[..., 0]
 
   g_cum = jnp.cumsum(g, axis=-1)                                   # [n, b, h, c]
+  to_end = jnp.flip(jnp.cumsum(jnp.flip(g, -1), axis=-1), -1) - g   # sum of g over (i, end]
+  k_to_end = k * jnp.exp(to_end)[..., None]
+  chunk_decay = jnp.exp(g_cum[..., -1])[..., None, None]
+  if scan == "fused":  # kernels that build k k^T, q k^T and the decays in registers
+    u, w = gdn_fused.ut_transform(k, v, g, beta, prec)
+    states, v_new, state = gdn_fused.walk(u, w, k_to_end, chunk_decay[..., 0, 0], state, prec)
+    out = gdn_fused.chunk_outputs(q, k, g, states, v_new, prec)
+  else:
+    u, w, decay = _ut_transform(k, v, g, g_cum, beta, backward, prec)
+    intra = jnp.einsum("...id,...jd->...ij", q, k, precision=prec) * decay  # causal in chunk
+    q_decayed = q * jnp.exp(g_cum)[..., None]
+    out, state = _scan_chunks(scan, prec, state, u, w, intra, q_decayed, k_to_end, chunk_decay)
+  out = jnp.moveaxis(out, (0, 2), (1, 3)).reshape(b, n * c, nh, dv)[:, :t]
+  return out, state
+
+
+def _ut_transform(k, v, g, g_cum, beta, backward: str, prec):
+  """Each chunk's u = (I + L)^-1 (beta v) and w = (I + L)^-1 (beta k e^{g_cum}), L the strictly
+  lower (k beta k^T) * D, and D [.., c, c] (each input [n_chunks, batch, heads, chunk, ...]).
+
+  D[i, j] = prod of exp(g) over (j, i]. Its log is summed over the segment itself rather than
+  taken as g_cum[i] - g_cum[j]: with strong decay the cumulative sums reach hundreds, and
+  their difference would lose the low bits that the A_log / dt_bias gradients need.
+  """
+  c = g.shape[-1]
   lower = jnp.tril(jnp.ones((c, c), dtype=bool))
   strictly_lower = jnp.tril(jnp.ones((c, c), dtype=bool), -1)
-  # decay[i, j] = prod of exp(g) over (j, i]. The log is summed over the segment itself rather
-  # than taken as g_cum[i] - g_cum[j]: with strong decay the cumulative sums reach hundreds,
-  # and their difference would lose the low bits that the A_log / dt_bias gradients need.
   segment = jnp.cumsum(jnp.where(strictly_lower, g[..., :, None], 0.0), axis=-2)
   decay = jnp.exp(jnp.where(lower, segment, -jnp.inf))
-  to_end = jnp.flip(jnp.cumsum(jnp.flip(g, -1), axis=-1), -1) - g   # sum of g over (i, end]
   k_beta = k * beta[..., None]
-  # UT transform: (I + L) u = beta v and (I + L) w = beta k exp(g_cum), L strictly lower.
   system = jnp.where(strictly_lower, jnp.einsum("...id,...jd->...ij", k_beta, k, precision=prec)
                      * decay, 0.0)
   if backward == "custom":  # one inverse for both right-hand sides
@@ -223,21 +242,11 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int, backward: str =
                                             k_beta * jnp.exp(g_cum)[..., None]))
   elif backward == "autodiff":
     inverse = _unit_lower_inverse(system, prec)
-    u = mm(inverse, v * beta[..., None])
-    w = mm(inverse, k_beta * jnp.exp(g_cum)[..., None])
+    u = jnp.matmul(inverse, v * beta[..., None], precision=prec)
+    w = jnp.matmul(inverse, k_beta * jnp.exp(g_cum)[..., None], precision=prec)
   else:
     raise ValueError(f"model.gdn_backward must be one of {GDN_BACKWARDS}, got {backward!r}")
-  k_to_end = k * jnp.exp(to_end)[..., None]
-  chunk_decay = jnp.exp(g_cum[..., -1])[..., None, None]
-  if scan == "fused":  # q k^T, its decays and q's are built inside the output kernel
-    states, v_new, state = gdn_fused.walk(u, w, k_to_end, chunk_decay[..., 0, 0], state, prec)
-    out = gdn_fused.chunk_outputs(q, k, g, states, v_new, prec)
-  else:
-    intra = jnp.einsum("...id,...jd->...ij", q, k, precision=prec) * decay  # causal in chunk
-    q_decayed = q * jnp.exp(g_cum)[..., None]
-    out, state = _scan_chunks(scan, prec, state, u, w, intra, q_decayed, k_to_end, chunk_decay)
-  out = jnp.moveaxis(out, (0, 2), (1, 3)).reshape(b, n * c, nh, dv)[:, :t]
-  return out, state
+  return u, w, decay
 
 
 def _scan_chunks(scan: str, prec, state, u, w, intra, q_decayed, k_to_end, chunk_decay):

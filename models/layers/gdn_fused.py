@@ -33,6 +33,7 @@ partition a Pallas kernel. Each (row, head) must then be whole on one device, wh
 Gated DeltaNet's layout already asks for (the walk runs along the row).
 """
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -209,31 +210,37 @@ def walk(u, w, k, decay, state, precision: str = "highest"):
 # their own, forward and backward, and read them again (the ~1B GRPO step compiled for an
 # H200: ~116 of the Gated DeltaNet's ~324 GiB a step; docs/results.md#one-h200). Here one
 # program a chunk builds them in registers from q, k and g. D's logarithm is summed over each
-# segment (a float32 matmul with a 0/1 matrix), as `chunked_delta_rule` does, not taken as a
+# segment (a running sum down the columns), as `chunked_delta_rule` does, not taken as a
 # difference of running sums, which loses the low bits once they reach hundreds.
 # State columns a forward program writes: chosen from the register budget, not timed.
 OUTPUT_BLOCK_V = 64
-_EXACT = jax.lax.Precision.HIGHEST
 
 
-def _chunk_terms(q, k, g, precision):
-  """(q k^T [c, c], D [c, c], e^G [c], the masks) of one chunk (comment above)."""
+def _decays(g):
+  """(D [c, c], e^G [c], the masks m <= i and j < m) of one chunk's log decays g [c]."""
   c = g.shape[0]
   row = jax.lax.broadcasted_iota(jnp.int32, (c, c), 0)
   col = jax.lax.broadcasted_iota(jnp.int32, (c, c), 1)
-  upto = col <= row                                          # [i, m]: m <= i
-  before = (col < row).astype(jnp.float32)                   # [m, j]: j < m
-  lower_g = jnp.where(upto, g[None, :], 0.0)                 # [i, m]: g_m where m <= i
-  segment = jnp.dot(lower_g, before, precision=_EXACT)       # [i, j]: sum of g over (j, i]
+  upto, before = col <= row, col < row                       # [i, m]: m <= i; [m, j]: j < m
+  segment = jnp.cumsum(jnp.where(before, g[:, None], 0.0), axis=0)   # [i, j]: g over (j, i]
   decay = jnp.where(upto, jnp.exp(segment), 0.0)
-  qk = jnp.dot(q, k.T, precision=precision)
-  return qk, decay, jnp.exp(jnp.sum(lower_g, axis=1)), (upto, before)
+  return decay, jnp.exp(jnp.cumsum(g)), (upto, before)
+
+
+def _decays_backward(d_segment, d_running, masks):
+  """g's gradient [c] from its segments' (d_segment [c, c], at [i, j]: the sum over (j, i])
+  and its running sums' (d_running [c]) (`_decays`): g_m is in segment [i, j] where
+  j < m <= i and in running sum i where m <= i."""
+  upto, _ = masks
+  d_lower = jnp.cumsum(d_segment, axis=1) - d_segment + d_running[:, None]   # [i, m]: j < m
+  return jnp.sum(jnp.where(upto, d_lower, 0.0), axis=0)
 
 
 def _output_kernel(q_ref, k_ref, g_ref, s_ref, v_new_ref, out_ref, *, precision):
   """Program (row x head, chunk, block of state columns): out_i's columns."""
   q = q_ref[...]
-  qk, decay, scale, _ = _chunk_terms(q, k_ref[...], g_ref[...], precision)
+  decay, scale, _ = _decays(g_ref[...])
+  qk = jnp.dot(q, k_ref[...].T, precision=precision)
   out_ref[...] = (jnp.dot(q * scale[:, None], s_ref[...], precision=precision)
                   + jnp.dot(qk * decay, v_new_ref[...], precision=precision))
 
@@ -249,9 +256,10 @@ def _output_backward_kernel(q_ref, k_ref, g_ref, s_ref, v_new_ref, d_out_ref,
   (i, j) whose segment or running sum holds m.
   """
   q, k = q_ref[...], k_ref[...]
-  qk, decay, scale, (upto, before) = _chunk_terms(q, k, g_ref[...], precision)
-  q_dec, a = q * scale[:, None], qk * decay
   dot = functools.partial(jnp.dot, precision=precision)
+  decay, scale, masks = _decays(g_ref[...])
+  qk = dot(q, k.T)
+  q_dec, a = q * scale[:, None], qk * decay
   d_q_dec = jnp.zeros(q.shape, jnp.float32)
   d_a = jnp.zeros(qk.shape, jnp.float32)
   for j in range(d_out_ref.shape[-1] // block_v):
@@ -264,9 +272,7 @@ def _output_backward_kernel(q_ref, k_ref, g_ref, s_ref, v_new_ref, d_out_ref,
   d_qk = d_a * decay
   d_q_ref[...] = d_q_dec * scale[:, None] + dot(d_qk, k)
   d_k_ref[...] = dot(d_qk.T, q)
-  d_lower = (jnp.dot(d_a * a, before.T, precision=_EXACT)
-             + jnp.sum(d_q_dec * q_dec, axis=1)[:, None])
-  d_g_ref[...] = jnp.sum(jnp.where(upto, d_lower, 0.0), axis=0)
+  d_g_ref[...] = _decays_backward(d_a * a, jnp.sum(d_q_dec * q_dec, axis=1), masks)
 
 
 def _chunk_spec(x, block_v: int | None = None) -> pl.BlockSpec:
@@ -322,12 +328,24 @@ def _outputs_backward(precision, interpret: bool, residuals, d_out):
 _outputs.defvjp(_outputs_forward, _outputs_backward)
 
 
-def _outputs_local(q, k, g, states, v_new, precision, interpret: bool):
-  """`chunk_outputs` on one device's rows and heads."""
-  n, b, h = g.shape[:3]
-  rows = lambda x: x.reshape(n, b * h, *x.shape[3:])
-  out = _outputs(rows(q), rows(k), rows(g), rows(states), rows(v_new), precision, interpret)
-  return out.reshape(v_new.shape)
+def _chunkwise(kernel, args, outputs: int):
+  """`kernel`, over [n, rows x heads, ...] arrays, on args [n_chunks, batch, heads, ...]: its
+  `outputs` results [n_chunks, batch, heads, ...]; on a mesh per device (`jax.shard_map`)."""
+  def local(*xs):
+    n, b, h = xs[0].shape[:3]
+    results = kernel(*(x.reshape(n, b * h, *x.shape[3:]) for x in xs))
+    return jax.tree.map(lambda r: r.reshape(n, b, h, *r.shape[2:]), results)
+
+  on_mesh = common.kernel_mesh()
+  if on_mesh is None:
+    return local(*args)
+  mesh, rules = on_mesh
+  rows_heads = sharding.logical_to_spec(("batch", "activation_heads"), rules, mesh,
+                                        args[0].shape[1:3])
+  chunked = PartitionSpec(None, *rows_heads)
+  return jax.shard_map(local, mesh=mesh, in_specs=(chunked,) * len(args),
+                       out_specs=chunked if outputs == 1 else (chunked,) * outputs,
+                       check_vma=False)(*args)
 
 
 def chunk_outputs(q, k, g, states, v_new, precision: str = "highest"):
@@ -346,16 +364,123 @@ def chunk_outputs(q, k, g, states, v_new, precision: str = "highest"):
     common.check_triton_dims("gdn_scan=fused", (
         ("the value block, min(OUTPUT_BLOCK_V, linear_value_head_dim)",
          min(OUTPUT_BLOCK_V, v_new.shape[4])),))
-  local = functools.partial(_outputs_local, precision=jax.lax.Precision(precision),
-                            interpret=interpret)
-  on_mesh = common.kernel_mesh()
-  if on_mesh is None:
-    return local(q, k, g, states, v_new)
-  mesh, rules = on_mesh
-  rows_heads = sharding.logical_to_spec(("batch", "activation_heads"), rules, mesh, g.shape[1:3])
-  chunked = PartitionSpec(None, *rows_heads)
-  return jax.shard_map(local, mesh=mesh, in_specs=(chunked,) * 5, out_specs=chunked,
-                       check_vma=False)(q, k, g, states, v_new)
+  kernel = functools.partial(_outputs, precision=jax.lax.Precision(precision),
+                             interpret=interpret)
+  return _chunkwise(kernel, (q, k, g, states, v_new), 1)
+
+
+# The chunks' UT transform (`model.gdn_scan=fused`): with kb = k * beta, the strictly lower
+# L = (kb k^T) * D and Y = (I + L)^-1, the walk's inputs are u = Y (v * beta) and
+# w = Y (kb * e^G) (`gated_deltanet.chunked_delta_rule`). XLA wrote L, D, the pieces of Y's
+# log-depth product and their gradients to memory (~1B GRPO step for an H200: ~22 ms of the
+# step's estimate); here one program a chunk holds them. Y is the series
+# (I - L)(I + L^2)(I + L^4)... over the whole chunk (log2(c) - 1 squarings: Triton cannot cut a
+# block into the halves `gated_deltanet._unit_lower_inverse` recurses on); L is nilpotent, so
+# the product is exact. The gradient keeps Y.
+def _inverse(strict_lower, dot):
+  """(I + L)^-1 of one chunk's strictly lower-triangular L [c, c] (comment above)."""
+  c = strict_lower.shape[0]
+  eye = (jax.lax.broadcasted_iota(jnp.int32, (c, c), 0)
+         == jax.lax.broadcasted_iota(jnp.int32, (c, c), 1)).astype(jnp.float32)
+  power = -strict_lower
+  inverse = eye + power
+  for _ in range(max(math.ceil(math.log2(c)) - 1, 0)):
+    power = dot(power, power)
+    inverse = inverse + dot(inverse, power)
+  return inverse
+
+
+def _transform_kernel(k_ref, v_ref, g_ref, beta_ref, u_ref, w_ref, *inverse_ref, precision):
+  """Program (row x head, chunk): u_i, w_i, and (for the gradient) Y_i."""
+  dot = functools.partial(jnp.dot, precision=precision)
+  k, beta = k_ref[...], beta_ref[...]
+  decay, scale, (_, before) = _decays(g_ref[...])
+  kb = k * beta[:, None]
+  inverse = _inverse(jnp.where(before, dot(kb, k.T) * decay, 0.0), dot)
+  if inverse_ref:
+    inverse_ref[0][...] = inverse
+  u_ref[...] = dot(inverse, v_ref[...] * beta[:, None])
+  w_ref[...] = dot(inverse, kb * scale[:, None])
+
+
+def _transform_backward_kernel(k_ref, v_ref, g_ref, beta_ref, inverse_ref, u_ref, w_ref,
+                               d_u_ref, d_w_ref, d_k_ref, d_v_ref, d_g_ref, d_beta_ref, *,
+                               precision):
+  """Program (row x head, chunk): the gradients of u_i and w_i. From (I + L) X = R for X = u, w:
+  R_bar = Y^T X_bar and L_bar = -(R_bar_u u^T + R_bar_w w^T), strictly lower (as
+  `gated_deltanet._unit_lower_solve`'s); then through L = (kb k^T) * D, R_u = v * beta and
+  R_w = kb * e^G to k, v, beta and the decays."""
+  dot = functools.partial(jnp.dot, precision=precision)
+  k, v, beta, inverse = k_ref[...], v_ref[...], beta_ref[...], inverse_ref[...]
+  decay, scale, masks = _decays(g_ref[...])
+  kb = k * beta[:, None]
+  kbk = dot(kb, k.T)
+  r_bar_u, r_bar_w = dot(inverse.T, d_u_ref[...]), dot(inverse.T, d_w_ref[...])
+  l_bar = -jnp.where(masks[1], dot(r_bar_u, u_ref[...].T) + dot(r_bar_w, w_ref[...].T), 0.0)
+  d_kbk = l_bar * decay
+  d_kb = r_bar_w * scale[:, None] + dot(d_kbk, k)
+  d_k_ref[...] = d_kb * beta[:, None] + dot(d_kbk.T, kb)
+  d_v_ref[...] = r_bar_u * beta[:, None]
+  d_beta_ref[...] = jnp.sum(r_bar_u * v, axis=1) + jnp.sum(d_kb * k, axis=1)
+  d_g_ref[...] = _decays_backward(d_kbk * kbk, jnp.sum(r_bar_w * kb * scale[:, None], axis=1),
+                                  masks)
+
+
+def _transform_call(k, v, g, beta, precision, interpret: bool, keep_inverse: bool):
+  n, rows, c = g.shape
+  f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+  outputs = (f32(*v.shape), f32(*k.shape)) + ((f32(n, rows, c, c),) if keep_inverse else ())
+  return pl.pallas_call(
+      functools.partial(_transform_kernel, precision=_in_kernel(precision, interpret)),
+      out_shape=outputs, grid=(rows, n), in_specs=[_chunk_spec(x) for x in (k, v, g, beta)],
+      out_specs=[_chunk_spec(x) for x in outputs], interpret=interpret,
+      compiler_params=_triton_params(interpret),
+  )(k, v, g, beta)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _transform(k, v, g, beta, precision, interpret: bool):
+  return tuple(_transform_call(k, v, g, beta, precision, interpret, keep_inverse=False))
+
+
+def _transform_forward(k, v, g, beta, precision, interpret: bool):
+  u, w, inverse = _transform_call(k, v, g, beta, precision, interpret, keep_inverse=True)
+  return (u, w), (k, v, g, beta, inverse, u, w)
+
+
+def _transform_backward(precision, interpret: bool, residuals, cotangents):
+  k, v, g, beta = residuals[:4]
+  inputs = residuals + tuple(cotangents)
+  outputs = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (k, v, g, beta))
+  return tuple(pl.pallas_call(
+      functools.partial(_transform_backward_kernel, precision=_in_kernel(precision, interpret)),
+      out_shape=outputs, grid=(g.shape[1], g.shape[0]), in_specs=[_chunk_spec(x) for x in inputs],
+      out_specs=[_chunk_spec(x) for x in outputs], interpret=interpret,
+      compiler_params=_triton_params(interpret),
+  )(*inputs))
+
+
+_transform.defvjp(_transform_forward, _transform_backward)
+
+
+def ut_transform(k, v, g, beta, precision: str = "highest"):
+  """Every chunk's u and w, the walk's inputs (comment above), one kernel forward and one
+  backward.
+
+  Args:
+    k: [n_chunks, batch, heads, chunk, d_k] float32; v: [n_chunks, batch, heads, chunk, d_v];
+    g, beta: [n_chunks, batch, heads, chunk] the log decays and write strengths.
+  Returns:
+    (u [n_chunks, batch, heads, chunk, d_v], w [n_chunks, batch, heads, chunk, d_k]).
+  """
+  interpret = common.triton_interpret("gdn_scan=fused", "outputs or states")
+  if not interpret:
+    common.check_triton_dims("gdn_scan=fused", (
+        ("gdn_chunk_size", g.shape[3]), ("linear_key_head_dim", k.shape[4]),
+        ("linear_value_head_dim", v.shape[4])))
+  kernel = functools.partial(_transform, precision=jax.lax.Precision(precision),
+                             interpret=interpret)
+  return _chunkwise(kernel, (k, v, g, beta), 2)
 
 
 # A decode step's recurrent update (`model.gdn_decode=fused`): rows of the state a program holds.
