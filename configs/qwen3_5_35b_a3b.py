@@ -16,7 +16,8 @@ slice, whose 16 chips share one interconnect, the layout `v5p` splits each row o
 
 Figures: docs/results.md#full-size-programs-compiled-for-their-targets. Precision and
 hyperparameters: configs/report_recipe.py. On GPUs, `--config.model.gdn_scan=fused` runs each
-Gated DeltaNet walk over its chunks as one kernel (far fewer kernel launches a step), and
+Gated DeltaNet walk over its chunks, and each chunk's solve and outputs, as kernels (far fewer
+kernel launches and bytes a step), and
 `--config.model.decode_attention=fused` each decode step's read of the KV cache (each row to its
 own length, no block copied), `--config.model.gdn_decode=fused` each decode step's Gated
 DeltaNet state update (each state read and written once, in place) and

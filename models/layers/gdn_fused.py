@@ -81,7 +81,7 @@ def _in_kernel(precision, interpret: bool):
   Compiled for a GPU, `highest` is three TF32 passes (Triton's tf32x3: each operand split into
   a TF32 high part and the rest, float32 accuracy to a few units in the last place) rather
   than float32 on the CUDA cores, which an H200 runs at about a seventh of TF32's rate: at
-  that rate the output kernels' matmuls (~1.2 TFLOP a step of the ~1B model) would take about
+  that rate the output kernels' matmuls (~1.1 TFLOP a step of the ~1B model) would take about
   twice their memory traffic's time. Pallas' interpreter (the CPU) keeps HIGHEST; `high` and
   `default` stay one TF32 pass.
   """
@@ -207,9 +207,9 @@ def walk(u, w, k, decay, state, precision: str = "highest"):
 #
 # where G_i is g_i's running sum and D_i [c, c] the decay from position j to i (i >= j, else
 # 0). XLA wrote q_i k_i^T, D_i, their product and q_i e^{G_i} to memory as float32 tensors of
-# their own, forward and backward, and read them again (the ~1B GRPO step compiled for an
-# H200: ~116 of the Gated DeltaNet's ~324 GiB a step; docs/results.md#one-h200). Here one
-# program a chunk builds them in registers from q, k and g. D's logarithm is summed over each
+# their own, forward and backward, and read them again; here one program a chunk builds them
+# in registers from q, k and g (the ~1B GRPO step compiled for an H200: 853 -> 822 GiB a step,
+# a compiler estimate; docs/results.md#one-h200). D's logarithm is summed over each
 # segment (a running sum down the columns), as `chunked_delta_rule` does, not taken as a
 # difference of running sums, which loses the low bits once they reach hundreds.
 # State columns a forward program writes: chosen from the register budget, not timed.
@@ -328,14 +328,26 @@ def _outputs_backward(precision, interpret: bool, residuals, d_out):
 _outputs.defvjp(_outputs_forward, _outputs_backward)
 
 
-def _chunkwise(kernel, args, outputs: int):
-  """`kernel`, over [n, rows x heads, ...] arrays, on args [n_chunks, batch, heads, ...]: its
-  `outputs` results [n_chunks, batch, heads, ...]; on a mesh per device (`jax.shard_map`)."""
-  def local(*xs):
-    n, b, h = xs[0].shape[:3]
-    results = kernel(*(x.reshape(n, b * h, *x.shape[3:]) for x in xs))
-    return jax.tree.map(lambda r: r.reshape(n, b, h, *r.shape[2:]), results)
+def _rows(*xs):
+  """Each [n_chunks, batch, heads, ...] array of `xs` as [n_chunks, batch x heads, ...]."""
+  n, b, h = xs[0].shape[:3]
+  return tuple(x.reshape(n, b * h, *x.shape[3:]) for x in xs)
 
+
+def _outputs_local(q, k, g, states, v_new, precision, interpret: bool):
+  """`chunk_outputs` on one device's rows and heads."""
+  return _outputs(*_rows(q, k, g, states, v_new), precision, interpret).reshape(v_new.shape)
+
+
+def _transform_local(k, v, g, beta, precision, interpret: bool):
+  """`ut_transform` on one device's rows and heads."""
+  u, w = _transform(*_rows(k, v, g, beta), precision, interpret)
+  return u.reshape(v.shape), w.reshape(k.shape)
+
+
+def _per_device(local, args, outputs: int):
+  """`local` on args [n_chunks, batch, heads, ...], on a mesh per device (`jax.shard_map`: XLA
+  does not partition a Pallas kernel) over the rows and heads; `outputs` results alike."""
   on_mesh = common.kernel_mesh()
   if on_mesh is None:
     return local(*args)
@@ -364,16 +376,16 @@ def chunk_outputs(q, k, g, states, v_new, precision: str = "highest"):
     common.check_triton_dims("gdn_scan=fused", (
         ("the value block, min(OUTPUT_BLOCK_V, linear_value_head_dim)",
          min(OUTPUT_BLOCK_V, v_new.shape[4])),))
-  kernel = functools.partial(_outputs, precision=jax.lax.Precision(precision),
-                             interpret=interpret)
-  return _chunkwise(kernel, (q, k, g, states, v_new), 1)
+  local = functools.partial(_outputs_local, precision=jax.lax.Precision(precision),
+                            interpret=interpret)
+  return _per_device(local, (q, k, g, states, v_new), 1)
 
 
 # The chunks' UT transform (`model.gdn_scan=fused`): with kb = k * beta, the strictly lower
 # L = (kb k^T) * D and Y = (I + L)^-1, the walk's inputs are u = Y (v * beta) and
 # w = Y (kb * e^G) (`gated_deltanet.chunked_delta_rule`). XLA wrote L, D, the pieces of Y's
-# log-depth product and their gradients to memory (~1B GRPO step for an H200: ~22 ms of the
-# step's estimate); here one program a chunk holds them. Y is the series
+# log-depth product and their gradients to memory; here one program a chunk holds them (the
+# ~1B GRPO step for an H200: 822 -> 749 GiB a step, an estimate). Y is the series
 # (I - L)(I + L^2)(I + L^4)... over the whole chunk (log2(c) - 1 squarings: Triton cannot cut a
 # block into the halves `gated_deltanet._unit_lower_inverse` recurses on); L is nilpotent, so
 # the product is exact. The gradient keeps Y.
@@ -478,9 +490,9 @@ def ut_transform(k, v, g, beta, precision: str = "highest"):
     common.check_triton_dims("gdn_scan=fused", (
         ("gdn_chunk_size", g.shape[3]), ("linear_key_head_dim", k.shape[4]),
         ("linear_value_head_dim", v.shape[4])))
-  kernel = functools.partial(_transform, precision=jax.lax.Precision(precision),
-                             interpret=interpret)
-  return _chunkwise(kernel, (k, v, g, beta), 2)
+  local = functools.partial(_transform_local, precision=jax.lax.Precision(precision),
+                            interpret=interpret)
+  return _per_device(local, (k, v, g, beta), 2)
 
 
 # A decode step's recurrent update (`model.gdn_decode=fused`): rows of the state a program holds.

@@ -38,10 +38,11 @@ def _grads(scan: str, batch=2, seq=150, heads=3, dk=16, dv=64, chunk=16, seed=5)
   return jax.jit(jax.grad(loss, has_aux=True)), (q, k, v, g, beta, s0)
 
 
-def test_the_fused_walk_gives_the_scans_values_and_gradients():
-  """Outputs, final state and every input's gradient equal the `states` scan's (its `lax.scan`
-  and autodiff), over 10 chunks with the last one padded (150 in chunks of 16) and value heads
-  of two programs' columns each (64 = 2 x BLOCK_V)."""
+def test_the_fused_kernels_give_the_scans_values_and_gradients():
+  """Outputs, final state and every input's gradient (the UT transform, walk and output
+  kernels') equal the `states` scan's (XLA's solve, `lax.scan` and autodiff), over 10 chunks
+  with the last one padded (150 in chunks of 16) and value heads of two walk programs'
+  columns each (64 = 2 x BLOCK_V)."""
   assert 64 // gdn_fused.BLOCK_V == 2
   fused, args = _grads("fused")
   states, _ = _grads("states")
@@ -59,7 +60,7 @@ def test_the_fused_outputs_over_two_blocks_of_state_columns_give_the_scans_gradi
   _assert_rules_agree(fused(args), states(args), 1e-5)
 
 
-def test_the_fused_outputs_keep_the_decay_gradient_float32_accurate():
+def test_the_fused_kernels_keep_the_decay_gradient_float32_accurate():
   """The kernels sum each segment's log decays itself (a running sum down the columns), not
   as a difference of running sums: with decays up to A = 16 the A_log gradient stays within
   1e-5 of float64 (the scan's own form in float64), as the scan's does."""
@@ -69,7 +70,7 @@ def test_the_fused_outputs_keep_the_decay_gradient_float32_accurate():
   assert np.abs(fused - exact).max() <= 1e-5 * np.abs(exact).max()
 
 
-def test_the_fused_walk_on_a_mesh_equals_one_device():
+def test_the_fused_kernels_on_a_mesh_equal_one_device():
   """On 8 CPU devices, rows split 4 ways and heads 2 ways (`jax.shard_map`: XLA does not
   partition a Pallas kernel), the values and gradients are one device's."""
   grad, args = _grads("fused", batch=4, heads=4, seq=70)
@@ -88,7 +89,7 @@ def test_fused_on_tpu_is_an_error_that_names_the_setting():
     gated_deltanet.chunked_delta_rule(q, k, v, a, beta, s0, 16, "custom", "highest", "fused")
 
 
-def test_the_model_runs_with_the_fused_walk_as_with_the_scan():
+def test_the_model_runs_with_the_fused_kernels_as_with_the_scan():
   """The whole model's loss and gradients with gdn_scan=fused are the default scan's."""
   m = base.get_model_config()
   cfg = qwen3_5.config_from_dict(m)
@@ -105,7 +106,7 @@ def test_the_model_runs_with_the_fused_walk_as_with_the_scan():
 
 
 @pytest.mark.parametrize("devices", [1, 2])
-def test_the_fused_walk_compiles_for_an_h200_to_triton_kernels(devices):
+def test_the_fused_kernels_compile_for_an_h200_to_triton_kernels(devices):
   """Compiled for H200s from this CPU (XLA:GPU's Triton pipeline), the forward and backward
   walks and outputs are Triton kernels and no loop is left in the program (the scan's were
   33 chunk steps: here 33 chunks of 64, a count that is not a power of two); on two GPUs,
