@@ -16,7 +16,8 @@ What `analyse` reports, per device:
   memory      argument, output, aliased (donated) and temporary bytes; the total the program
               holds is arguments + outputs - aliased + temporaries (+ TPU program code).
   flops       counted from the optimized HLO: every dot / convolution (and cuBLAS GEMM custom
-              call) times the trip counts of the while loops around it. XLA's own
+              call, and matmul inside a Triton kernel) times the trip counts of the while
+              loops around it. XLA's own
               `cost_analysis()` counts a loop body once (the layer scan, the micro-batch loop),
               which undercounts a training step by the product of those trip counts; on GPU it
               returns nothing at all.
@@ -43,9 +44,11 @@ What `analyse` reports, per device:
               their dtype and precision (`DeviceSpec.matmul_flops`: a float32 dot at
               `highest` runs on a GPU's CUDA cores, 1/15 of the bfloat16 peak) and its bytes
               at the HBM bandwidth, summed: an estimate, a floor for a GPU. It leaves out the
-              gaps between launches (a few microseconds each where the host launches them),
-              overlap, and the FLOPs inside Triton kernels, which the HLO does not show, and
-              counts a custom call's operands whole (`kernel_traffic`).
+              gaps between launches (a few microseconds each where the host launches them)
+              and overlap, and counts a custom call's operands whole (`kernel_traffic`).
+              A Triton kernel's matmuls, which the HLO does not show, are read from the
+              kernel's own IR (`triton_cost`; at the precision it asks Triton for), and
+              count in `flops` too.
               `kernel_lines` splits it by the source lines the kernels came from.
   optimal_seconds (TPU only) XLA's roofline estimate of the step, scaled by the trip counts its
               cost analysis leaves out (the ratio of counted FLOPs to its FLOPs): an estimate.
@@ -71,6 +74,8 @@ from typing import Any, Optional
 import numpy as np
 from jax._src import xla_bridge  # the registry of topology factories: no public accessor
 from jax.experimental import topologies
+
+from models import triton_cost
 
 GiB = 1024 ** 3
 _GPU_TARGET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_targets")
@@ -98,14 +103,16 @@ class DeviceSpec:
 
   def matmul_flops(self, dtype: str, precision: str = "default") -> float:
     """Peak matmul FLOP/s for operands of HLO `dtype` at a dot's `precision` (default | high
-    | highest): 16- and 8-bit at the bfloat16 peak; float32 on a GPU TF32 unless `highest`
-    (true float32), on a TPU 1, 3 or 6 bfloat16 passes."""
+    | highest, or a Triton dot's ieee | tf32 | tf32x3): 16- and 8-bit at the bfloat16 peak;
+    float32 on a GPU TF32 unless `highest` / `ieee` (true float32), a third of it at
+    `tf32x3` (three passes); on a TPU 1, 3 or 6 bfloat16 passes."""
     if dtype not in ("f32", "f64"):
       return self.peak_bf16_flops
     if self.platform == "tpu":
       return self.peak_bf16_flops / {"highest": 6, "high": 3}.get(precision, 1)
-    rate = self.f32_flops if precision == "highest" else self.tf32_flops
-    return rate or self.peak_bf16_flops
+    if precision in ("highest", "ieee"):
+      return self.f32_flops or self.peak_bf16_flops
+    return (self.tf32_flops or self.peak_bf16_flops) / (3 if precision == "tf32x3" else 1)
 
 
 # Spec sheets (per device). TPU: Cloud TPU system architecture pages (a TPU7x chip: 192 GiB,
@@ -565,7 +572,14 @@ def _call_target(ins: _Instr) -> str:
 
 def _own_flops(ins: _Instr, m: _Module, spec: Optional[DeviceSpec]):
   """(FLOPs, seconds at `spec`'s matmul peak for the operands' dtype and the dot's precision;
-  0 without a spec) of an instruction itself: dots, convolutions, cuBLAS GEMM calls."""
+  0 without a spec) of an instruction itself: dots, convolutions, cuBLAS GEMM calls, and the
+  matmuls inside Triton kernels (`triton_cost`: read from the kernel's IR)."""
+  if ins.op == "custom-call" and _call_target(ins) == triton_cost.TARGET:
+    found = triton_cost.dots(ins.rest)
+    flops = sum(f for f, _, _ in found)
+    if spec is None:
+      return flops, 0.0
+    return flops, sum(f / spec.matmul_flops(dtype, prec) for f, dtype, prec in found)
   if ins.op == "dot":
     flops = _dot_flops(ins, m.shapes)
   elif ins.op == "convolution":
@@ -687,7 +701,7 @@ def hlo_costs(text: str, hosts=None, spec: Optional[DeviceSpec] = None,
   gives the bytes of the collectives whose groups span hosts (`between_hosts`). `spec`: adds
   `roofline_seconds`, each kernel at the slower of its dots' FLOPs at the device's matmul peak
   for their dtype and precision and its bytes at its HBM bandwidth, summed (an estimate: no
-  launch gaps, no overlap, Triton kernels' FLOPs unseen); with `top_lines`, also
+  launch gaps, no overlap); with `top_lines`, also
   `kernel_lines`, that time's costliest source lines (`kernel_lines`), from the same parse."""
   m = _parsed(text)
   unknown = []

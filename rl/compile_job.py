@@ -213,7 +213,7 @@ def format_row(row: dict, spec: aot.DeviceSpec) -> str:
                  + (f" (MFU at most {100 * mfu:.1f}%)" if mfu else "")
                  + f", HBM traffic {row['traffic_bytes'] / GiB:,.1f} GiB: each kernel the slower "
                  f"of its matmuls at their dtype's peak and its bytes at HBM bandwidth; no launch "
-                 f"gaps, Triton kernels' FLOPs not seen")
+                 f"gaps")
     for k in row.get("kernel_lines", []):
       lines.append(f"    {1e3 * k['seconds']:9.2f} ms {k['launches']:8,} x  "
                    f"{k['flops'] / 1e12:8.2f} TFLOP {k['bytes'] / GiB:8.1f} GiB  {k['where']}")

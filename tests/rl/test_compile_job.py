@@ -81,8 +81,9 @@ def test_whole_engine_weights_leave_the_decode_step_no_weight_to_gather():
 
 @pytest.mark.slow   # two RL-step compiles for two GPUs (~1.5 min); `make test-all`, CI
 def test_the_fused_gated_deltanet_walk_cuts_the_gpu_steps_kernel_launches():
-  """model.gdn_scan=fused compiles the RL step for two H200s with the walk as Triton kernels
-  (in their shard_map) and fewer launches than the scan over chunks, at the same FLOPs."""
+  """model.gdn_scan=fused compiles the RL step for two H200s with the chunked rule as Triton
+  kernels (in their shard_map), with fewer launches and fewer HBM bytes than the scan over
+  chunks."""
   c = _small(**{"train.seq_len": 1024})
   scan, = compile_job.run(c, "h200:1x2", ("rl_step",))
   c.model.gdn_scan = "fused"
@@ -90,7 +91,8 @@ def test_the_fused_gated_deltanet_walk_cuts_the_gpu_steps_kernel_launches():
   assert fused["custom_calls"].get("__gpu$xla.gpu.triton", 0) > 0
   assert "__gpu$xla.gpu.triton" not in scan["custom_calls"]
   assert fused["kernels"] < scan["kernels"] / 2, (fused["kernels"], scan["kernels"])
-  assert fused["flops"] <= scan["flops"]
+  assert fused["traffic_bytes"] < scan["traffic_bytes"], (fused["traffic_bytes"],
+                                                          scan["traffic_bytes"])
 
 
 @pytest.mark.slow   # two engine compiles for two GPUs; `make test-all`, CI

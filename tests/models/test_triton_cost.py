@@ -1,0 +1,63 @@
+"""models/triton_cost.py: the matmuls inside a Triton kernel, read from the IR in the compiled
+program's custom call, are each dot's 2 M N K times its loops' trip counts and the grid's
+programs, at the precision the kernel asks for; the roofline and FLOPs of `aot.hlo_costs`
+count them."""
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import SingleDeviceSharding
+
+from models import aot
+from models import config as config_lib
+from models import triton_cost
+from models.layers import gdn_fused
+
+CHUNKS, HEADS, C, D = 4, 2, 64, 128
+
+
+def _compiled(fn, *shapes) -> str:
+  """`fn` compiled for one H200 from this CPU (XLA:GPU's Triton pipeline): the HLO text."""
+  device = aot.target_devices("h200:1x1")[0]
+  args = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=SingleDeviceSharding(device))
+          for s in shapes]
+  with config_lib.compiling_for("gpu"):
+    return jax.jit(fn).lower(*args).compile().as_text()
+
+
+def _kernel_dots(text: str) -> list:
+  return [triton_cost.dots(line) for line in text.splitlines() if triton_cost.TARGET in line]
+
+
+@pytest.mark.parametrize("precision, expected", [("highest", "tf32x3"), ("high", "tf32")])
+def test_a_kernels_dots_are_2mnk_times_its_programs_at_the_precision_it_asks(precision,
+                                                                             expected):
+  """The chunk-output kernel (`gdn_fused.chunk_outputs`), forward: a program per (row x head,
+  chunk, block of OUTPUT_BLOCK_V columns) with q k^T [c, d_k] x [d_k, c], (q e^G) S
+  [c, d_k] x [d_k, block] and A v_new [c, c] x [c, block]."""
+  shape = (CHUNKS, 1, HEADS, C, D)
+  text = _compiled(lambda q, k, g, s, v: gdn_fused.chunk_outputs(q, k, g, s, v, precision),
+                   shape, shape, shape[:4], (CHUNKS, 1, HEADS, D, D), shape)
+  (dots,) = _kernel_dots(text)
+  block = gdn_fused.OUTPUT_BLOCK_V
+  programs = HEADS * CHUNKS * (D // block)
+  assert sorted(f for f, _, _ in dots) == sorted(
+      2.0 * programs * x for x in (C * D * C, C * D * block, C * C * block))
+  assert {(dtype, p) for _, dtype, p in dots} == {("f32", expected)}
+
+
+def test_a_loops_dots_count_its_trip_count_times():
+  """The walk (`gdn_fused.walk`), forward: its `fori_loop` over the chunks holds two dots a
+  step, w S [c, d_k] x [d_k, block] and k^T v_new [d_k, c] x [c, block]; a program per (row x
+  head, block of BLOCK_V columns). The roofline prices them at three TF32 passes."""
+  shape = (CHUNKS, 1, HEADS, C, D)
+  text = _compiled(lambda u, w, k, a, s0: gdn_fused.walk(u, w, k, a, s0),
+                   shape, shape, shape, shape[:3], (1, HEADS, D, D))
+  (dots,) = _kernel_dots(text)
+  block = gdn_fused.BLOCK_V
+  each = 2.0 * HEADS * (D // block) * CHUNKS * C * D * block
+  assert [f for f, _, _ in dots] == [each, each]
+  spec = aot.DEVICES["h200"]
+  costs = aot.hlo_costs(text, spec=spec)
+  assert costs["flops"] == 2 * each
+  tf32x3 = spec.tf32_flops / 3
+  assert costs["roofline_seconds"] >= 2 * each / tf32x3
