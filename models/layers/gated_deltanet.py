@@ -242,8 +242,8 @@ def _ut_transform(k, v, g, g_cum, beta, backward: str, prec):
                                             k_beta * jnp.exp(g_cum)[..., None]))
   elif backward == "autodiff":
     inverse = _unit_lower_inverse(system, prec)
-    u = jnp.matmul(inverse, v * beta[..., None], precision=prec)
-    w = jnp.matmul(inverse, k_beta * jnp.exp(g_cum)[..., None], precision=prec)
+    u = _mm(inverse, v * beta[..., None], prec)
+    w = _mm(inverse, k_beta * jnp.exp(g_cum)[..., None], prec)
   else:
     raise ValueError(f"model.gdn_backward must be one of {GDN_BACKWARDS}, got {backward!r}")
   return u, w, decay
