@@ -80,7 +80,7 @@ def test_whole_engine_weights_leave_the_decode_step_no_weight_to_gather():
 
 
 @pytest.mark.slow   # two RL-step compiles for two GPUs (~1.5 min); `make test-all`, CI
-def test_the_fused_gated_deltanet_walk_cuts_the_gpu_steps_kernel_launches():
+def test_the_fused_gated_deltanet_kernels_cut_the_gpu_steps_launches_and_bytes():
   """model.gdn_scan=fused compiles the RL step for two H200s with the chunked rule as Triton
   kernels (in their shard_map), with fewer launches and fewer HBM bytes than the scan over
   chunks."""
