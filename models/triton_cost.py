@@ -81,7 +81,6 @@ def _walk(op, times: int, found: list) -> None:
         _walk(child, times * _trips(child) if child.name == "scf.for" else times, found)
 
 
-@functools.lru_cache(maxsize=256)
 def dots(backend_config: str) -> tuple:
   """((FLOPs, operand dtype, input precision), ...) of one launch of the Triton kernel whose
   backend config (the HLO custom call's `backend_config={...}` text) is given; () where it
@@ -89,10 +88,17 @@ def dots(backend_config: str) -> tuple:
   found = _IR.search(backend_config)
   if not found:
     return ()
-  programs = math.prod(int(n) for n in _GRID.findall(backend_config))
+  return _launch_dots(found.group(1),
+                      math.prod(int(n) for n in _GRID.findall(backend_config)))
+
+
+# Keyed by what decides the count, so the launches of one kernel (its instructions differ in
+# names and metadata only) parse its IR once.
+@functools.lru_cache(maxsize=256)
+def _launch_dots(escaped_ir: str, programs: int) -> tuple:
   with ir.Context() as ctx:
     triton.dialect.register_dialect(ctx)
-    module = ir.Module.parse(_unescape(found.group(1)), ctx)
+    module = ir.Module.parse(_unescape(escaped_ir), ctx)
     out = []
     _walk(module.operation, programs, out)
   return tuple(out)

@@ -160,12 +160,17 @@ def _walk_backward(precision, interpret: bool, residuals, cotangents):
 _walk.defvjp(_walk_forward, _walk_backward)
 
 
+def _rows(*xs):
+  """Each [n_chunks, batch, heads, ...] array of `xs` as [n_chunks, batch x heads, ...]."""
+  n, b, h = xs[0].shape[:3]
+  return tuple(x.reshape(n, b * h, *x.shape[3:]) for x in xs)
+
+
 def _walk_local(u, w, k, decay, state, precision, interpret: bool):
   """`walk` on one device's rows and heads."""
   n, b, h = u.shape[:3]
-  rows = lambda x: x.reshape(n, b * h, *x.shape[3:])
-  states, v_new, final = _walk(rows(u), rows(w), rows(k), decay.reshape(n, b * h),
-                               state.reshape(b * h, *state.shape[2:]), precision, interpret)
+  states, v_new, final = _walk(*_rows(u, w, k, decay), state.reshape(b * h, *state.shape[2:]),
+                               precision, interpret)
   return (states.reshape(n, b, h, *states.shape[2:]), v_new.reshape(u.shape),
           final.reshape(state.shape))
 
@@ -289,6 +294,17 @@ def _triton_params(interpret: bool):
   return None if interpret else pl_triton.CompilerParams(num_warps=NUM_WARPS, num_stages=1)
 
 
+def _per_chunk(kernel, inputs, outputs, interpret: bool):
+  """`kernel` over the grid (rows x heads, chunks), each program given its chunk of every
+  input and output whole (`_chunk_spec`); inputs [n, rows x heads, ...]."""
+  n, rows = inputs[0].shape[:2]
+  return pl.pallas_call(
+      kernel, out_shape=outputs, grid=(rows, n), in_specs=[_chunk_spec(x) for x in inputs],
+      out_specs=[_chunk_spec(x) for x in outputs], interpret=interpret,
+      compiler_params=_triton_params(interpret),
+  )(*inputs)
+
+
 # The outputs over [n, rows x heads, ...] arrays; `precision` of the kernels' matmuls.
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
 def _outputs(q, k, g, states, v_new, precision, interpret: bool):
@@ -311,27 +327,14 @@ def _outputs_forward(q, k, g, states, v_new, precision, interpret: bool):
 
 
 def _outputs_backward(precision, interpret: bool, residuals, d_out):
-  q, k, g, states, v_new = residuals
-  n, rows = g.shape[:2]
-  block_v = min(OUTPUT_BLOCK_V, v_new.shape[-1])
-  inputs = residuals + (d_out,)
+  block_v = min(OUTPUT_BLOCK_V, residuals[-1].shape[-1])
   outputs = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in residuals)
-  return pl.pallas_call(
-      functools.partial(_output_backward_kernel, precision=_in_kernel(precision, interpret),
-                        block_v=block_v),
-      out_shape=outputs, grid=(rows, n), in_specs=[_chunk_spec(x) for x in inputs],
-      out_specs=[_chunk_spec(x) for x in outputs], interpret=interpret,
-      compiler_params=_triton_params(interpret),
-  )(*inputs)
+  kernel = functools.partial(_output_backward_kernel,
+                             precision=_in_kernel(precision, interpret), block_v=block_v)
+  return tuple(_per_chunk(kernel, residuals + (d_out,), outputs, interpret))
 
 
 _outputs.defvjp(_outputs_forward, _outputs_backward)
-
-
-def _rows(*xs):
-  """Each [n_chunks, batch, heads, ...] array of `xs` as [n_chunks, batch x heads, ...]."""
-  n, b, h = xs[0].shape[:3]
-  return tuple(x.reshape(n, b * h, *x.shape[3:]) for x in xs)
 
 
 def _outputs_local(q, k, g, states, v_new, precision, interpret: bool):
@@ -442,12 +445,8 @@ def _transform_call(k, v, g, beta, precision, interpret: bool, keep_inverse: boo
   n, rows, c = g.shape
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
   outputs = (f32(*v.shape), f32(*k.shape)) + ((f32(n, rows, c, c),) if keep_inverse else ())
-  return pl.pallas_call(
-      functools.partial(_transform_kernel, precision=_in_kernel(precision, interpret)),
-      out_shape=outputs, grid=(rows, n), in_specs=[_chunk_spec(x) for x in (k, v, g, beta)],
-      out_specs=[_chunk_spec(x) for x in outputs], interpret=interpret,
-      compiler_params=_triton_params(interpret),
-  )(k, v, g, beta)
+  kernel = functools.partial(_transform_kernel, precision=_in_kernel(precision, interpret))
+  return _per_chunk(kernel, (k, v, g, beta), outputs, interpret)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
@@ -461,15 +460,10 @@ def _transform_forward(k, v, g, beta, precision, interpret: bool):
 
 
 def _transform_backward(precision, interpret: bool, residuals, cotangents):
-  k, v, g, beta = residuals[:4]
-  inputs = residuals + tuple(cotangents)
-  outputs = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (k, v, g, beta))
-  return tuple(pl.pallas_call(
-      functools.partial(_transform_backward_kernel, precision=_in_kernel(precision, interpret)),
-      out_shape=outputs, grid=(g.shape[1], g.shape[0]), in_specs=[_chunk_spec(x) for x in inputs],
-      out_specs=[_chunk_spec(x) for x in outputs], interpret=interpret,
-      compiler_params=_triton_params(interpret),
-  )(*inputs))
+  outputs = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in residuals[:4])
+  kernel = functools.partial(_transform_backward_kernel,
+                             precision=_in_kernel(precision, interpret))
+  return tuple(_per_chunk(kernel, residuals + tuple(cotangents), outputs, interpret))
 
 
 _transform.defvjp(_transform_forward, _transform_backward)
