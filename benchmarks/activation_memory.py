@@ -22,9 +22,9 @@ feed-forward, the LM head with the log-probabilities, an RMSNorm
 
 each beside the plan's figure for it (`plan.part_bytes`). A target is traced as a run on it
 would be (models/config.compiling_for: the attention implementation and causal blocks, the
-Gated DeltaNet chunk, the MoE dispatch of that platform); on a GPU, XLA's attention stands in for
-cuDNN's flash attention, whose library compiling from here does not install (as the compile
-mode does).
+Gated DeltaNet chunk, the MoE dispatch of that platform); on a GPU, Pallas' flash attention
+(`model.attention_impl=pallas`) stands in for cuDNN's, whose library compiling from here does
+not install (as the compile mode does).
 
 Nothing runs: every program is lowered for abstract inputs and compiled, for the CPU and for a
 compile-only H200 (XLA:GPU, `make setup-compile`); no figure here is a measurement of a run. The
@@ -129,8 +129,9 @@ def for_target(mc, target: str):
   if target == "cpu":
     return mc, contextlib.nullcontext(), None
   device = aot.target_devices(f"{target}:1x1")[0]
-  if mc.attention_impl == "auto":   # cuDNN's library does not compile here: XLA's attention
-    mc = mc.replace(attention_impl="xla")
+  if attention.resolve_impl(mc, device.platform) == "cudnn":
+    # cuDNN's library does not compile here: Pallas' flash attention, as the compile mode does
+    mc = mc.replace(attention_impl="pallas")
   return mc, config_lib.compiling_for(device.platform), device
 
 

@@ -54,7 +54,7 @@ def get_model_config() -> ml_collections.ConfigDict:
   m.logits_chunk = 0                 # >0: LM-head logits/logprobs for this many positions at a time; 0 = all
   m.gdn_backward = "custom"          # gradient of the GDN intra-chunk triangular solve: custom (hand-written VJP) | autodiff (reference)
   m.scan_unroll = -1                 # layer cycles per step of the layer scan; 0 = fully unrolled; -1 = auto (unrolled up to 2 cycles, else 1; docs/model.md)
-  m.attention_impl = "auto"          # reference (einsums) | xla | cudnn (jax.nn.dot_product_attention) | auto (per backend, docs/model.md)
+  m.attention_impl = "auto"          # reference (einsums) | xla | cudnn (jax.nn.dot_product_attention) | pallas (JAX's Triton flash attention, GPU) | auto (per backend, docs/model.md)
   m.moe_dispatch = "auto"            # routed experts: ragged_dot | blocked (expert blocks, one batched matmul) | blocked_fused (blocked, each matmul one Triton kernel reading the experts in place: GPU; CPU interprets it; not TPU) | gmm (TPU grouped-matmul kernel) | auto (gmm on TPU where widths are multiples of 128, else blocked; docs/model.md)
   m.gdn_precision = "highest"        # chunked delta rule's float32 matmuls: highest (true float32; three TF32 passes in the gdn_scan=fused GPU kernels) | high (3 bf16 passes on TPU, TF32 on GPU) | default (one bf16 pass / TF32); the CPU runs float32 for all three
   m.decode_attention = "xla"         # a decode step's attention over the KV cache: xla (blocks of 2,048 positions up to the longest row, each copied out of the cache before use on GPU) | fused (one Triton kernel reading each row's blocks in place, up to its own length: GPU; CPU interprets it; not TPU; docs/model.md)

@@ -18,7 +18,7 @@ FULL = "full_attention"
 
 # The values of ModelConfig.attention_impl and .moe_dispatch (models/layers/attention.py and
 # models/layers/moe.py say what each does).
-ATTENTION_IMPLS = ("auto", "reference", "xla", "cudnn")
+ATTENTION_IMPLS = ("auto", "reference", "xla", "cudnn", "pallas")
 MOE_DISPATCHES = ("auto", "ragged_dot", "blocked", "blocked_fused", "gmm")
 # The values of ModelConfig.gdn_precision: the precision of the chunked delta rule's float32
 # matmuls (jax.lax.Precision names; models/layers/gated_deltanet.py).
@@ -130,7 +130,7 @@ class ModelConfig:
       raise ValueError(f"attention_causal_block must be >= -1 (-1 = auto, 0 = one block), got "
                        f"{self.attention_causal_block}")
     if self.attention_impl not in ATTENTION_IMPLS:
-      raise ValueError("attention_impl must be 'auto', 'reference', 'xla' or 'cudnn', got "
+      raise ValueError("attention_impl must be 'auto', 'reference', 'xla', 'cudnn' or 'pallas', got "
                        f"{self.attention_impl!r}")
     for name in ("param_dtype", "dtype"):
       if getattr(self, name) not in ("float32", "bfloat16", "float16", "float64"):

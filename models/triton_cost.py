@@ -5,15 +5,22 @@ carries the kernel's Triton IR (MLIR bytecode, escaped) and its grid; the HLO sh
 the matmuls inside, so a roofline read from the HLO alone sees only the kernel's bytes.
 `dots(backend_config)` parses that IR (jaxlib's MLIR bindings, with its Triton dialect) and
 lists every `tt.dot` of one launch as (FLOPs, operand dtype, input precision): each dot's
-2 x M x N x K, times the trip counts of the `scf.for` loops around it and the grid's programs.
-A loop's bounds are folded from constants (arith constants, additions, subtractions,
-multiplications; a select between two, as where a program skips its loop when it has no work,
-as the larger: every program counted as working, an upper bound); a loop whose bounds are
-not constants (a trip count read from memory) counts once, a lower bound.
+2 x M x N x K, summed over the grid's programs, each program's count times the trip counts of
+the `scf.for` loops around it.
+
+A loop's bounds are evaluated for every program at once (numpy arrays over the grid): integer
+constants, the program's ids (`tt.get_program_id`) and the integer arithmetic between them
+(add, subtract, multiply, divide, remainder, min, max, compare, select, casts). Causal
+attention's loops, whose lengths follow the query block a program holds, count as they run.
+A select whose condition does not evaluate counts as its larger branch (an upper bound: every
+program counted as working); a bound that does not evaluate at all (read from memory, or a
+function of an enclosing loop's counter) counts the loop once, a lower bound.
 """
 import functools
 import math
 import re
+
+import numpy as np
 
 # Private modules: jaxlib exposes its MLIR bindings and Triton dialect nowhere public; they are
 # what Pallas itself builds the IR with, so they parse what it wrote.
@@ -22,10 +29,30 @@ from jax._src.lib.mlir import ir
 
 TARGET = "__gpu$xla.gpu.triton"
 _IR = re.compile(r'\bir = "((?:[^"\\]|\\[0-9A-Fa-f]{2})*)"')
-_GRID = re.compile(r"\bgrid_[xyz] = (\d+)")
+_GRID = re.compile(r"\bgrid_([xyz]) = (\d+)")
 _ESCAPE = re.compile(rb"\\([0-9A-Fa-f]{2})")
-_ARITH = {"arith.addi": lambda a, b: a + b, "arith.subi": lambda a, b: a - b,
-          "arith.muli": lambda a, b: a * b}
+
+
+def _div_toward_zero(a, b):
+  return np.sign(a) * np.sign(b) * (np.abs(a) // np.abs(b))
+
+
+_ARITH = {
+    "arith.addi": np.add, "arith.subi": np.subtract, "arith.muli": np.multiply,
+    "arith.divsi": _div_toward_zero, "arith.divui": np.floor_divide,
+    "arith.floordivsi": np.floor_divide, "arith.ceildivsi": lambda a, b: -((-a) // b),
+    "arith.ceildivui": lambda a, b: -((-a) // b),
+    "arith.remsi": lambda a, b: a - b * _div_toward_zero(a, b), "arith.remui": np.remainder,
+    "arith.minsi": np.minimum, "arith.minui": np.minimum,
+    "arith.maxsi": np.maximum, "arith.maxui": np.maximum,
+    "arith.andi": np.bitwise_and, "arith.ori": np.bitwise_or, "arith.xori": np.bitwise_xor,
+}
+_CASTS = ("arith.extsi", "arith.extui", "arith.trunci", "arith.index_cast",
+          "arith.index_castui")
+# arith.cmpi's predicate attribute, by number: eq, ne, slt, sle, sgt, sge, ult, ule, ugt, uge.
+_COMPARE = (np.equal, np.not_equal, np.less, np.less_equal, np.greater, np.greater_equal,
+            np.less, np.less_equal, np.greater, np.greater_equal)
+_AXES = {"x": 0, "y": 1, "z": 2}
 
 
 def _unescape(text: str) -> bytes:
@@ -33,32 +60,51 @@ def _unescape(text: str) -> bytes:
   return _ESCAPE.sub(lambda m: bytes([int(m.group(1), 16)]), text.encode("latin-1"))
 
 
-def _constant(value):
-  """The integer an SSA value folds to from constants, or None."""
-  owner = value.owner
-  op = getattr(owner, "operation", None)
+def _value(value, ids: tuple):
+  """The integer(s) an SSA scalar evaluates to in each program (an array over the grid whose
+  program ids are `ids`, broadcastable), or None where it does not evaluate."""
+  op = getattr(value.owner, "operation", None)
   if op is None:          # a block argument (a loop counter, a kernel argument)
     return None
   if op.name == "arith.constant":
     try:
-      return ir.IntegerAttr(op.attributes["value"]).value
+      return np.int64(ir.IntegerAttr(op.attributes["value"]).value)
     except (ValueError, TypeError):
       return None
+  if op.name == "tt.get_program_id":
+    return ids[_axis(op)]
+  if op.name in _CASTS:
+    return _value(op.operands[0], ids)
+  operands = [_value(x, ids) for x in op.operands]
+  if op.name == "arith.select":
+    cond, a, b = operands
+    if a is None or b is None:
+      return None
+    return np.maximum(a, b) if cond is None else np.where(cond, a, b)
+  if any(x is None for x in operands):
+    return None
   if op.name in _ARITH:
-    a, b = (_constant(x) for x in op.operands)
-    return None if a is None or b is None else _ARITH[op.name](a, b)
-  if op.name == "arith.select":   # a program that may skip its loop: the larger branch
-    branches = [_constant(x) for x in list(op.operands)[1:]]
-    return None if None in branches else max(branches)
+    return _ARITH[op.name](*operands)
+  if op.name == "arith.cmpi":
+    # As integers (i1: 0 or 1), which the arithmetic above may take as well.
+    compare = _COMPARE[ir.IntegerAttr(op.attributes["predicate"]).value]
+    return np.asarray(compare(*operands), np.int64)
   return None
 
 
-def _trips(loop) -> int:
-  """An `scf.for`'s trip count from its (lower, upper, step), 1 where they are not constants."""
-  lower, upper, step = (_constant(x) for x in list(loop.operands)[:3])
-  if lower is None or upper is None or not step:
+def _axis(op) -> int:
+  """A `tt.get_program_id`'s axis (x, y, z: 0, 1, 2), from its printed form."""
+  found = re.search(r"tt\.get_program_id (\w)", str(op))
+  return _AXES[found.group(1)]
+
+
+def _trips(loop, ids: tuple):
+  """An `scf.for`'s trip count in each program from its (lower, upper, step); 1 where they do
+  not evaluate."""
+  lower, upper, step = (_value(x, ids) for x in list(loop.operands)[:3])
+  if lower is None or upper is None or step is None or np.any(step <= 0):
     return 1
-  return max(math.ceil((upper - lower) / step), 0)
+  return np.maximum(-((lower - upper) // step), 0)
 
 
 def _precision(dot) -> str:
@@ -68,7 +114,8 @@ def _precision(dot) -> str:
   return found.group(1) if found else "tf32"
 
 
-def _walk(op, times: int, found: list) -> None:
+def _walk(op, times, ids: tuple, found: list) -> None:
+  """Appends the dots under `op`, each program running them `times` (array over the grid)."""
   for region in op.regions:
     for block in region.blocks:
       for child in block.operations:
@@ -76,9 +123,10 @@ def _walk(op, times: int, found: list) -> None:
         if child.name == "tt.dot":
           lhs = ir.RankedTensorType(child.operands[0].type)
           n = ir.RankedTensorType(child.operands[1].type).shape[-1]
-          found.append((2.0 * math.prod(lhs.shape) * n * times, str(lhs.element_type),
-                        _precision(child)))
-        _walk(child, times * _trips(child) if child.name == "scf.for" else times, found)
+          found.append((2.0 * math.prod(lhs.shape) * n * float(np.sum(times)),
+                        str(lhs.element_type), _precision(child)))
+        inner = times * _trips(child, ids) if child.name == "scf.for" else times
+        _walk(child, inner, ids, found)
 
 
 def dots(backend_config: str) -> tuple:
@@ -88,17 +136,18 @@ def dots(backend_config: str) -> tuple:
   found = _IR.search(backend_config)
   if not found:
     return ()
-  return _launch_dots(found.group(1),
-                      math.prod(int(n) for n in _GRID.findall(backend_config)))
+  sizes = dict(_GRID.findall(backend_config))
+  return _launch_dots(found.group(1), tuple(int(sizes.get(a, 1)) for a in "xyz"))
 
 
 # Keyed by what decides the count, so the launches of one kernel (its instructions differ in
 # names and metadata only) parse its IR once.
 @functools.lru_cache(maxsize=256)
-def _launch_dots(escaped_ir: str, programs: int) -> tuple:
+def _launch_dots(escaped_ir: str, grid: tuple) -> tuple:
+  ids = tuple(np.indices(grid, dtype=np.int64))
   with ir.Context() as ctx:
     triton.dialect.register_dialect(ctx)
     module = ir.Module.parse(_unescape(escaped_ir), ctx)
     out = []
-    _walk(module.operation, programs, out)
+    _walk(module.operation, np.ones(grid, np.int64), ids, out)
   return tuple(out)

@@ -17,6 +17,7 @@ from models import config as config_lib
 from models.config import ModelConfig
 from models.layers import common
 from models.layers import decode_fused
+from models.layers import flash_attention
 from models.layers import norm
 from models.layers import rope
 
@@ -78,7 +79,8 @@ def resolve_impl(cfg: ModelConfig, backend: str | None = None) -> str:
   is slower (forward+backward of the layer 1.11x the time at 4 x 256 tokens, 1.47x at
   4 x 1024: it transposes the [t, s] scores, which `_attend` avoids; docs/model.md). On GPU it
   is "cudnn" (flash attention) for 16-bit activations, which cuDNN requires, else "xla"; on
-  TPU, "xla".
+  TPU, "xla". "pallas" (JAX's Pallas flash attention, `flash_attention`) is chosen by name
+  only: GPU, or Pallas' interpreter on CPU (tests).
   """
   impl = cfg.attention_impl
   backend = backend or config_lib.platform()
@@ -112,9 +114,11 @@ def _attend(q, k, v, mask, cfg: ModelConfig, causal: bool = False):
     if impl == "cudnn" and causal:
       return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True,
                                           implementation="cudnn")
+    if impl == "pallas" and causal:
+      return flash_attention.causal(q, k, v)
     # The masked forms (query blocks after an offset, continuations of a cache) go through
-    # XLA's version under "cudnn" as well: cuDNN's causal mask is the square's only. Decode
-    # does not come here (`_attend_cached`).
+    # XLA's version under "cudnn" and "pallas" as well: their kernels' causal mask is the
+    # square's only. Decode does not come here (`_attend_cached`).
     return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale,
                                         implementation="xla")
   b, t, nh, hd = q.shape
@@ -256,8 +260,8 @@ def _attend_rows(q, k, v, cfg: ModelConfig, offset: int, recompute: bool, parts:
   """Causal attention of q [b, t, heads, hd] (at key positions offset + [0, t)) over k, v,
   each row's positions split over `parts` devices (1: whole rows).
 
-  cuDNN's flash attention takes the causal square whole (offset 0): its memory is O(t)
-  already. Otherwise `causal_block` (0 or >= t: one block; whole rows only) splits the
+  cuDNN's and Pallas' flash attention take the causal square whole (offset 0, whole rows):
+  their memory is O(t) already. Otherwise `causal_block` (0 or >= t: one block; whole rows only) splits the
   queries into blocks, each scored only against the keys up to its last query: the scores
   above the diagonal blocks, masked away anyway, are never computed, so with n blocks the
   score work is (n + 1) / 2n of the square. The blocks differ in shape, so they are unrolled
@@ -275,14 +279,15 @@ def _attend_rows(q, k, v, cfg: ModelConfig, offset: int, recompute: bool, parts:
   """
   t = q.shape[1]
   impl = resolve_impl(cfg)
-  if impl == "cudnn" and offset == 0 and parts == 1:
+  flash = impl in ("cudnn", "pallas")
+  if flash and offset == 0 and parts == 1:
     return _attend(q, k, v, None, cfg, causal=True)
   chunk = cfg.attention_query_chunk
   block = causal_block(cfg, t=t if parts == 1 else None)
   block = block if 0 < block < t else t
   spans = tuple((start, min(start + block, t)) for start in range(0, t, block))
   chunked = chunk and any(stop - start > chunk for start, stop in spans)
-  if recompute and not chunked and impl != "cudnn":
+  if recompute and not chunked and not flash:
     return _recomputed_blocks(q, k, v, cfg, offset, spans)
   outs = []
   for start, stop in spans:

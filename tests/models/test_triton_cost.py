@@ -10,6 +10,7 @@ from jax.sharding import SingleDeviceSharding
 from models import aot
 from models import config as config_lib
 from models import triton_cost
+from models.layers import flash_attention
 from models.layers import gdn_fused
 
 CHUNKS, HEADS, C, D = 4, 2, 64, 128
@@ -61,3 +62,20 @@ def test_a_loops_dots_count_its_trip_count_times():
   assert costs["flops"] == 2 * each
   tf32x3 = spec.tf32_flops / 3
   assert costs["roofline_seconds"] >= 2 * each / tf32x3
+
+
+def test_a_loop_whose_length_follows_the_program_counts_each_programs_own_trips():
+  """Causal flash attention (`flash_attention.causal`, JAX's kernel), forward: the program of
+  query block i loops over key blocks 0 .. ceil(BLOCK_Q (i + 1) / BLOCK_K) - 1, the bound a
+  function of its program id, with two dots a step (q k^T [bq, d] x [d, bk], p v [bq, bk] x
+  [bk, d]). Each program's trips, summed over the grid, not one trip a program."""
+  b, t, heads, d = 1, 512, 2, 64
+  bq, bk = flash_attention.BLOCK_Q, flash_attention.BLOCK_K
+  device = aot.target_devices("h200:1x1")[0]
+  args = [jax.ShapeDtypeStruct((b, t, heads, d), jnp.bfloat16,
+                               sharding=SingleDeviceSharding(device)) for _ in range(3)]
+  with config_lib.compiling_for("gpu"):
+    text = jax.jit(flash_attention.causal).lower(*args).compile().as_text()
+  (dots,) = _kernel_dots(text)
+  trips = sum(-(-bq * (i + 1) // bk) for i in range(t // bq)) * b * heads
+  assert [f for f, _, _ in dots] == [2.0 * bq * d * bk * trips] * 2

@@ -6,6 +6,7 @@ import pytest
 from jax._src.ad_checkpoint import saved_residuals
 
 from configs import base
+from models import config as config_lib
 from models import qwen3_5
 from models.layers import attention
 from tests.models import kernel_checks
@@ -50,6 +51,28 @@ def test_xla_attention_matches_reference_outputs_and_gradients(knobs):
   np.testing.assert_allclose(out, out_ref, atol=1e-5)
   for g, g_ref in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
     np.testing.assert_allclose(g, g_ref, atol=2e-5 * float(jnp.abs(g_ref).max()))
+
+
+@pytest.mark.parametrize("seq", [24, 136])
+def test_pallas_flash_attention_matches_reference_outputs_and_gradients(seq):
+  """`attention_impl=pallas` (JAX's Triton flash attention, in Pallas' interpreter here): the
+  two kv heads repeated for their query heads, rows padded to whole blocks (24 to 32 in one
+  block; 136 to 256, two query blocks of 128 and four key blocks of 64)."""
+  ref_cfg = _cfg(attention_impl="reference")
+  params, x, positions = _inputs(ref_cfg, seq=seq)
+  out_ref, grads_ref = _value_and_grads(ref_cfg, params, x, positions)
+  out, grads = _value_and_grads(ref_cfg.replace(attention_impl="pallas"), params, x, positions)
+  np.testing.assert_allclose(out, out_ref, atol=1e-5)
+  for g, g_ref in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
+    np.testing.assert_allclose(g, g_ref, atol=2e-5 * float(jnp.abs(g_ref).max()))
+
+
+def test_pallas_attention_is_refused_on_tpu_naming_the_key():
+  cfg = _cfg(attention_impl="pallas")
+  params, x, positions = _inputs(cfg)
+  with config_lib.compiling_for("tpu"), pytest.raises(
+      ValueError, match="model.attention_impl=pallas is a GPU.*use xla"):
+    attention.forward(params, x, positions, cfg)
 
 
 def test_auto_causal_block_is_128_with_the_reference_einsums_and_eight_on_long_xla_rows():
