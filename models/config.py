@@ -26,6 +26,9 @@ GDN_PRECISIONS = ("highest", "high", "default")
 # The values of ModelConfig.gdn_scan: what the chunked delta rule's scan over chunks computes
 # (models/layers/gated_deltanet.py, `chunked_delta_rule`).
 GDN_SCANS = ("outputs", "states", "fused")
+# The values of ModelConfig.gdn_storage_dtype: what `gdn_scan=fused`'s kernels store their
+# tensors in between them (models/layers/gdn_fused.py); they compute in float32 either way.
+GDN_STORAGE_DTYPES = ("float32", "bfloat16")
 # The values of ModelConfig.decode_attention: how a decode step attends to the KV cache
 # (models/layers/attention.py `decode`; models/layers/decode_fused.py).
 DECODE_ATTENTIONS = ("xla", "fused")
@@ -79,6 +82,7 @@ class ModelConfig:
   moe_block_chunk: int = -1
   gdn_precision: str = "highest"
   gdn_scan: str = "outputs"
+  gdn_storage_dtype: str = "float32"
   gdn_recompute: bool = True
   decode_attention: str = "xla"
   gdn_decode: str = "xla"
@@ -113,6 +117,12 @@ class ModelConfig:
                        f"{self.gdn_precision!r}")
     if self.gdn_scan not in GDN_SCANS:
       raise ValueError(f"gdn_scan must be one of {GDN_SCANS}, got {self.gdn_scan!r}")
+    if self.gdn_storage_dtype not in GDN_STORAGE_DTYPES:
+      raise ValueError(f"gdn_storage_dtype must be one of {GDN_STORAGE_DTYPES}, got "
+                       f"{self.gdn_storage_dtype!r}")
+    if self.gdn_storage_dtype != "float32" and self.gdn_scan != "fused":
+      raise ValueError(f"gdn_storage_dtype={self.gdn_storage_dtype!r} is for gdn_scan='fused' "
+                       f"(its kernels' stored tensors), got gdn_scan={self.gdn_scan!r}")
     if self.decode_attention not in DECODE_ATTENTIONS:
       raise ValueError(f"decode_attention must be one of {DECODE_ATTENTIONS}, got "
                        f"{self.decode_attention!r}")

@@ -239,7 +239,9 @@ def part_bytes(mc, seq: int, rows: float, tensor_ways: int = 1, length_ways: int
   # or with model.gdn_recompute=False kept (`mixer`).
   nv, dk, dv = mc.linear_num_value_heads, mc.linear_key_head_dim, mc.linear_value_head_dim
   conv, value = mc.gdn_conv_dim / tw, mc.gdn_value_dim / tw
-  states = nv / tw * dk * dv * 4 / chunk           # the per-chunk float32 states, a token
+  # The per-chunk states, a token: float32, or as `gdn_scan=fused` stores them
+  # (`model.gdn_storage_dtype`; the value-sized terms are left at float32, an upper bound).
+  states = nv / tw * dk * dv * jnp.dtype(mc.gdn_storage_dtype).itemsize / chunk
   mixer = 0.0 if mc.gdn_recompute else (_GDN_KEPT_VALUE_F32 * value * 4 + _GDN_KEPT_STATES * states
                                         + _GDN_KEPT_CHUNK_F32 * nv / tw * chunk * 4) * tok
   out["gated_deltanet"] = {

@@ -167,7 +167,8 @@ def chunk_size(cfg: ModelConfig, backend: str | None = None) -> int:
 
 
 def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int, backward: str = "custom",
-                       precision: str = "highest", scan: str = "outputs"):
+                       precision: str = "highest", scan: str = "outputs",
+                       storage: str = "float32"):
   """The gated delta rule over a sequence, chunk by chunk.
 
   Args:
@@ -187,6 +188,10 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int, backward: str =
       other keeps them for its gradient only. "fused": "states" with each chunk's
       triangular solve, the recurrence and the outputs one GPU kernel a pass each, forward
       and backward (`gdn_fused`; Pallas' interpreter on CPU).
+    storage: "fused" only (`model.gdn_storage_dtype`): the dtype q, k, v and the kernels'
+      results (u, w, the states, the corrected values, the outputs; their gradients alike)
+      are stored in between the kernels, which compute in float32 whatever it is. The
+      decays, write strengths and the final state stay float32.
   Returns:
     (out [batch, seq, heads, d_v], final state).
   """
@@ -199,6 +204,8 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int, backward: str =
     padder = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
     q, k, v, g, beta = map(padder, (q, k, v, g, beta))
   n = (t + pad) // c
+  if scan == "fused":     # stored as the kernels keep them (before the moves below)
+    q, k, v = (x.astype(storage) for x in (q, k, v))
   # -> [n_chunks, batch, heads, chunk, dim] so the scan runs over chunks.
   to_chunks = lambda x: jnp.moveaxis(x.reshape(b, n, c, nh, -1), (1, 3), (0, 2))
   q, k, v = to_chunks(q), to_chunks(k), to_chunks(v)
@@ -210,7 +217,8 @@ def chunked_delta_rule(q, k, v, g, beta, state, chunk_size: int, backward: str =
   chunk_decay = jnp.exp(g_cum[..., -1])[..., None, None]
   if scan == "fused":  # kernels that build k k^T, q k^T and the decays in registers
     u, w = gdn_fused.ut_transform(k, v, g, beta, prec)
-    states, v_new, state = gdn_fused.walk(u, w, k_to_end, chunk_decay[..., 0, 0], state, prec)
+    states, v_new, state = gdn_fused.walk(u, w, k_to_end.astype(storage),
+                                          chunk_decay[..., 0, 0], state, prec)
     out = gdn_fused.chunk_outputs(q, k, g, states, v_new, prec)
   else:
     u, w, decay = _ut_transform(k, v, g, g_cum, beta, backward, prec)
@@ -477,7 +485,7 @@ def _mix(p, qkv, z, beta_in, a, state, lengths, layer, cfg: ModelConfig, rule: s
   if rule == "chunked":
     out, ssm = chunked_delta_rule(q, k, v, g, beta, jnp.swapaxes(state["ssm"], -1, -2),
                                   chunk_size(cfg), cfg.gdn_backward, cfg.gdn_precision,
-                                  cfg.gdn_scan)
+                                  cfg.gdn_scan, cfg.gdn_storage_dtype)
     ssm = jnp.swapaxes(ssm, -1, -2)
   elif rule == "recurrent" and cfg.gdn_decode == "fused" and t == 1:
     out, ssm = gdn_fused.recurrent_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0],

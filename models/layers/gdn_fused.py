@@ -50,16 +50,22 @@ BLOCK_V = 32
 NUM_WARPS = 4
 
 
+def _f32(x):
+  """A block as loaded, in float32: every kernel computes in float32 whatever its tensors are
+  stored in (`model.gdn_storage_dtype`), and rounds only what it stores."""
+  return x.astype(jnp.float32)
+
+
 def _forward_kernel(u_ref, w_ref, k_ref, a_ref, s0_ref, states_ref, v_new_ref, final_ref, *,
                     chunks: int, precision):
   """One program's walk over every chunk: refs [n, c, d] / [n] / [d_k, BLOCK_V]."""
   def step(i, s):
-    states_ref[i] = s
-    v_new = u_ref[i] - jnp.dot(w_ref[i], s, precision=precision)
-    v_new_ref[i] = v_new
-    return s * a_ref[i] + jnp.dot(k_ref[i].T, v_new, precision=precision)
+    states_ref[i] = s.astype(states_ref.dtype)
+    v_new = _f32(u_ref[i]) - jnp.dot(_f32(w_ref[i]), s, precision=precision)
+    v_new_ref[i] = v_new.astype(v_new_ref.dtype)
+    return s * a_ref[i] + jnp.dot(_f32(k_ref[i]).T, v_new, precision=precision)
 
-  final_ref[...] = jax.lax.fori_loop(0, chunks, step, s0_ref[...])
+  final_ref[...] = jax.lax.fori_loop(0, chunks, step, _f32(s0_ref[...]))
 
 
 def _backward_kernel(w_ref, k_ref, a_ref, d_states_ref, d_v_new_ref, d_final_ref,
@@ -67,12 +73,13 @@ def _backward_kernel(w_ref, k_ref, a_ref, d_states_ref, d_v_new_ref, d_final_ref
   """The reverse walk: G_{i+1} and dv_i of every chunk, and G_0 (module docstring)."""
   def step(j, g):
     i = chunks - 1 - j
-    g_next_ref[i] = g
-    d_v = d_v_new_ref[i] + jnp.dot(k_ref[i], g, precision=precision)
-    d_v_ref[i] = d_v
-    return g * a_ref[i] - jnp.dot(w_ref[i].T, d_v, precision=precision) + d_states_ref[i]
+    g_next_ref[i] = g.astype(g_next_ref.dtype)
+    d_v = _f32(d_v_new_ref[i]) + jnp.dot(_f32(k_ref[i]), g, precision=precision)
+    d_v_ref[i] = d_v.astype(d_v_ref.dtype)
+    return (g * a_ref[i] - jnp.dot(_f32(w_ref[i]).T, d_v, precision=precision)
+            + _f32(d_states_ref[i]))
 
-  d_s0_ref[...] = jax.lax.fori_loop(0, chunks, step, d_final_ref[...])
+  d_s0_ref[...] = jax.lax.fori_loop(0, chunks, step, _f32(d_final_ref[...]))
 
 
 def _in_kernel(precision, interpret: bool):
@@ -129,10 +136,10 @@ def _walk(u, w, k, a, s0, precision, interpret: bool):
 def _walk_forward(u, w, k, a, s0, precision, interpret: bool):
   n, rows, c, dv = u.shape
   dk = w.shape[-1]
-  f32 = jnp.float32
-  outputs = (jax.ShapeDtypeStruct((n, rows, dk, dv), f32),      # S_i, the state before chunk i
-             jax.ShapeDtypeStruct((n, rows, c, dv), f32),       # v_new_i
-             jax.ShapeDtypeStruct((rows, dk, dv), f32))         # S_n
+  stored = u.dtype               # the states and corrected values as u is; S_n in float32
+  outputs = (jax.ShapeDtypeStruct((n, rows, dk, dv), stored),   # S_i, the state before chunk i
+             jax.ShapeDtypeStruct((n, rows, c, dv), stored),    # v_new_i
+             jax.ShapeDtypeStruct((rows, dk, dv), jnp.float32))  # S_n
   kernel = functools.partial(_forward_kernel, chunks=n,
                              precision=_in_kernel(precision, interpret))
   states, v_new, final = _call(kernel, (u, w, k, a, s0), (False, True, True, False, False),
@@ -143,18 +150,19 @@ def _walk_forward(u, w, k, a, s0, precision, interpret: bool):
 def _walk_backward(precision, interpret: bool, residuals, cotangents):
   w, k, a, states, v_new = residuals
   d_states, d_v_new, d_final = cotangents
-  outputs = (jax.ShapeDtypeStruct(states.shape, jnp.float32),   # G_{i+1}
-             jax.ShapeDtypeStruct(v_new.shape, jnp.float32),    # dv_i
+  outputs = (jax.ShapeDtypeStruct(states.shape, states.dtype),  # G_{i+1}
+             jax.ShapeDtypeStruct(v_new.shape, v_new.dtype),    # dv_i
              jax.ShapeDtypeStruct(d_final.shape, jnp.float32))  # G_0
   kernel = functools.partial(_backward_kernel, chunks=w.shape[0],
                              precision=_in_kernel(precision, interpret))
   g_next, d_v, d_s0 = _call(kernel, (w, k, a, d_states, d_v_new, d_final),
                             (True, True, False, False, False, False), outputs, interpret)
-  einsum = functools.partial(jnp.einsum, precision=precision)
+  einsum = functools.partial(jnp.einsum, precision=precision,
+                             preferred_element_type=jnp.float32)
   d_w = -einsum("nrcv,nrkv->nrck", d_v, states)
   d_k = einsum("nrcv,nrkv->nrck", v_new, g_next)
   d_a = einsum("nrkv,nrkv->nr", states, g_next)
-  return d_v, d_w, d_k, d_a, d_s0
+  return d_v, d_w.astype(w.dtype), d_k.astype(k.dtype), d_a, d_s0
 
 
 _walk.defvjp(_walk_forward, _walk_backward)
@@ -243,11 +251,12 @@ def _decays_backward(d_segment, d_running, masks):
 
 def _output_kernel(q_ref, k_ref, g_ref, s_ref, v_new_ref, out_ref, *, precision):
   """Program (row x head, chunk, block of state columns): out_i's columns."""
-  q = q_ref[...]
+  q = _f32(q_ref[...])
   decay, scale, _ = _decays(g_ref[...])
-  qk = jnp.dot(q, k_ref[...].T, precision=precision)
-  out_ref[...] = (jnp.dot(q * scale[:, None], s_ref[...], precision=precision)
-                  + jnp.dot(qk * decay, v_new_ref[...], precision=precision))
+  qk = jnp.dot(q, _f32(k_ref[...]).T, precision=precision)
+  out = (jnp.dot(q * scale[:, None], _f32(s_ref[...]), precision=precision)
+         + jnp.dot(qk * decay, _f32(v_new_ref[...]), precision=precision))
+  out_ref[...] = out.astype(out_ref.dtype)
 
 
 def _output_backward_kernel(q_ref, k_ref, g_ref, s_ref, v_new_ref, d_out_ref,
@@ -260,7 +269,7 @@ def _output_backward_kernel(q_ref, k_ref, g_ref, s_ref, v_new_ref, d_out_ref,
   D, d(segment) = dA * A, through e^G, dP * P summed over d_k; each reaches g_m from every
   (i, j) whose segment or running sum holds m.
   """
-  q, k = q_ref[...], k_ref[...]
+  q, k = _f32(q_ref[...]), _f32(k_ref[...])
   dot = functools.partial(jnp.dot, precision=precision)
   decay, scale, masks = _decays(g_ref[...])
   qk = dot(q, k.T)
@@ -269,14 +278,14 @@ def _output_backward_kernel(q_ref, k_ref, g_ref, s_ref, v_new_ref, d_out_ref,
   d_a = jnp.zeros(qk.shape, jnp.float32)
   for j in range(d_out_ref.shape[-1] // block_v):
     cols = slice(j * block_v, (j + 1) * block_v)
-    d_out = d_out_ref[:, cols]
-    d_q_dec += dot(d_out, s_ref[:, cols].T)
-    d_a += dot(d_out, v_new_ref[:, cols].T)
-    d_s_ref[:, cols] = dot(q_dec.T, d_out)
-    d_v_new_ref[:, cols] = dot(a.T, d_out)
+    d_out = _f32(d_out_ref[:, cols])
+    d_q_dec += dot(d_out, _f32(s_ref[:, cols]).T)
+    d_a += dot(d_out, _f32(v_new_ref[:, cols]).T)
+    d_s_ref[:, cols] = dot(q_dec.T, d_out).astype(d_s_ref.dtype)
+    d_v_new_ref[:, cols] = dot(a.T, d_out).astype(d_v_new_ref.dtype)
   d_qk = d_a * decay
-  d_q_ref[...] = d_q_dec * scale[:, None] + dot(d_qk, k)
-  d_k_ref[...] = dot(d_qk.T, q)
+  d_q_ref[...] = (d_q_dec * scale[:, None] + dot(d_qk, k)).astype(d_q_ref.dtype)
+  d_k_ref[...] = dot(d_qk.T, q).astype(d_k_ref.dtype)
   d_g_ref[...] = _decays_backward(d_a * a, jnp.sum(d_q_dec * q_dec, axis=1), masks)
 
 
@@ -314,7 +323,7 @@ def _outputs(q, k, g, states, v_new, precision, interpret: bool):
     raise ValueError(f"gdn_scan=fused: the value head dim {dv} is not a multiple of {block_v}")
   return pl.pallas_call(
       functools.partial(_output_kernel, precision=_in_kernel(precision, interpret)),
-      out_shape=jax.ShapeDtypeStruct(v_new.shape, jnp.float32), grid=(rows, n, dv // block_v),
+      out_shape=jax.ShapeDtypeStruct(v_new.shape, v_new.dtype), grid=(rows, n, dv // block_v),
       in_specs=[_chunk_spec(q), _chunk_spec(k), _chunk_spec(g), _chunk_spec(states, block_v),
                 _chunk_spec(v_new, block_v)],
       out_specs=_chunk_spec(v_new, block_v), interpret=interpret,
@@ -328,7 +337,7 @@ def _outputs_forward(q, k, g, states, v_new, precision, interpret: bool):
 
 def _outputs_backward(precision, interpret: bool, residuals, d_out):
   block_v = min(OUTPUT_BLOCK_V, residuals[-1].shape[-1])
-  outputs = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in residuals)
+  outputs = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in residuals)
   kernel = functools.partial(_output_backward_kernel,
                              precision=_in_kernel(precision, interpret), block_v=block_v)
   return tuple(_per_chunk(kernel, residuals + (d_out,), outputs, interpret))
@@ -408,14 +417,14 @@ def _inverse(strict_lower, dot):
 def _transform_kernel(k_ref, v_ref, g_ref, beta_ref, u_ref, w_ref, *inverse_ref, precision):
   """Program (row x head, chunk): u_i, w_i, and (for the gradient) Y_i."""
   dot = functools.partial(jnp.dot, precision=precision)
-  k, beta = k_ref[...], beta_ref[...]
+  k, beta = _f32(k_ref[...]), beta_ref[...]
   decay, scale, (_, before) = _decays(g_ref[...])
   kb = k * beta[:, None]
   inverse = _inverse(jnp.where(before, dot(kb, k.T) * decay, 0.0), dot)
   if inverse_ref:
-    inverse_ref[0][...] = inverse
-  u_ref[...] = dot(inverse, v_ref[...] * beta[:, None])
-  w_ref[...] = dot(inverse, kb * scale[:, None])
+    inverse_ref[0][...] = inverse.astype(inverse_ref[0].dtype)
+  u_ref[...] = dot(inverse, _f32(v_ref[...]) * beta[:, None]).astype(u_ref.dtype)
+  w_ref[...] = dot(inverse, kb * scale[:, None]).astype(w_ref.dtype)
 
 
 def _transform_backward_kernel(k_ref, v_ref, g_ref, beta_ref, inverse_ref, u_ref, w_ref,
@@ -426,16 +435,17 @@ def _transform_backward_kernel(k_ref, v_ref, g_ref, beta_ref, inverse_ref, u_ref
   `gated_deltanet._unit_lower_solve`'s); then through L = (kb k^T) * D, R_u = v * beta and
   R_w = kb * e^G to k, v, beta and the decays."""
   dot = functools.partial(jnp.dot, precision=precision)
-  k, v, beta, inverse = k_ref[...], v_ref[...], beta_ref[...], inverse_ref[...]
+  k, v, beta, inverse = _f32(k_ref[...]), _f32(v_ref[...]), beta_ref[...], _f32(inverse_ref[...])
   decay, scale, masks = _decays(g_ref[...])
   kb = k * beta[:, None]
   kbk = dot(kb, k.T)
-  r_bar_u, r_bar_w = dot(inverse.T, d_u_ref[...]), dot(inverse.T, d_w_ref[...])
-  l_bar = -jnp.where(masks[1], dot(r_bar_u, u_ref[...].T) + dot(r_bar_w, w_ref[...].T), 0.0)
+  r_bar_u, r_bar_w = dot(inverse.T, _f32(d_u_ref[...])), dot(inverse.T, _f32(d_w_ref[...]))
+  l_bar = -jnp.where(masks[1], dot(r_bar_u, _f32(u_ref[...]).T)
+                     + dot(r_bar_w, _f32(w_ref[...]).T), 0.0)
   d_kbk = l_bar * decay
   d_kb = r_bar_w * scale[:, None] + dot(d_kbk, k)
-  d_k_ref[...] = d_kb * beta[:, None] + dot(d_kbk.T, kb)
-  d_v_ref[...] = r_bar_u * beta[:, None]
+  d_k_ref[...] = (d_kb * beta[:, None] + dot(d_kbk.T, kb)).astype(d_k_ref.dtype)
+  d_v_ref[...] = (r_bar_u * beta[:, None]).astype(d_v_ref.dtype)
   d_beta_ref[...] = jnp.sum(r_bar_u * v, axis=1) + jnp.sum(d_kb * k, axis=1)
   d_g_ref[...] = _decays_backward(d_kbk * kbk, jnp.sum(r_bar_w * kb * scale[:, None], axis=1),
                                   masks)
@@ -443,8 +453,8 @@ def _transform_backward_kernel(k_ref, v_ref, g_ref, beta_ref, inverse_ref, u_ref
 
 def _transform_call(k, v, g, beta, precision, interpret: bool, keep_inverse: bool):
   n, rows, c = g.shape
-  f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
-  outputs = (f32(*v.shape), f32(*k.shape)) + ((f32(n, rows, c, c),) if keep_inverse else ())
+  like = lambda x, shape=None: jax.ShapeDtypeStruct(shape or x.shape, x.dtype)
+  outputs = (like(v), like(k)) + ((like(k, (n, rows, c, c)),) if keep_inverse else ())
   kernel = functools.partial(_transform_kernel, precision=_in_kernel(precision, interpret))
   return _per_chunk(kernel, (k, v, g, beta), outputs, interpret)
 
@@ -460,7 +470,7 @@ def _transform_forward(k, v, g, beta, precision, interpret: bool):
 
 
 def _transform_backward(precision, interpret: bool, residuals, cotangents):
-  outputs = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in residuals[:4])
+  outputs = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in residuals[:4])
   kernel = functools.partial(_transform_backward_kernel,
                              precision=_in_kernel(precision, interpret))
   return tuple(_per_chunk(kernel, residuals + tuple(cotangents), outputs, interpret))

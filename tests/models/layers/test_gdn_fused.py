@@ -22,7 +22,8 @@ from tests.models.layers.test_gated_deltanet import _assert_rules_agree, _decay_
 TRITON = "__gpu$xla.gpu.triton"
 
 
-def _grads(scan: str, batch=2, seq=150, heads=3, dk=16, dv=64, chunk=16, seed=5):
+def _grads(scan: str, batch=2, seq=150, heads=3, dk=16, dv=64, chunk=16, seed=5,
+           storage="float32"):
   """(gradients of q, k, v, g, beta and the initial state, (outputs, final state)) of a
   weighted sum of the chunked rule's outputs and final state under `scan`, jitted."""
   q, k, v, a, a_log, beta, s0 = _inputs(jnp.float32, seq=seq, heads=heads, dk=dk, dv=dv)
@@ -33,7 +34,8 @@ def _grads(scan: str, batch=2, seq=150, heads=3, dk=16, dv=64, chunk=16, seed=5)
   w_state = jnp.asarray(rng.standard_normal(s0.shape), jnp.float32)
 
   def loss(args):
-    out, state = gated_deltanet.chunked_delta_rule(*args, chunk, "custom", "highest", scan)
+    out, state = gated_deltanet.chunked_delta_rule(*args, chunk, "custom", "highest", scan,
+                                                   storage)
     return jnp.sum(out * w_out) + jnp.sum(state * w_state), (out, state)
   return jax.jit(jax.grad(loss, has_aux=True)), (q, k, v, g, beta, s0)
 
@@ -58,6 +60,31 @@ def test_the_fused_outputs_over_two_blocks_of_state_columns_give_the_scans_gradi
   fused, args = _grads("fused")
   states, _ = _grads("states")
   _assert_rules_agree(fused(args), states(args), 1e-5)
+
+
+def test_bfloat16_storage_rounds_what_the_kernels_store_and_nothing_more():
+  """gdn_storage_dtype=bfloat16: q, k, v and what the kernels store between them (u, w, the
+  states, the corrected values, the outputs, their gradients) in bfloat16, each computed in
+  float32: outputs, final state and every input's gradient within 2% (of each one's largest)
+  of float32 storage, a few bfloat16 roundings (2^-8 each), and off it by more than float32's
+  own agreement (1e-5): the storage is in effect."""
+  fused, args = _grads("fused")
+  rounded, _ = _grads("fused", storage="bfloat16")
+  (grads_x, (out_x, state_x)), (grads_y, (out_y, state_y)) = rounded(args), fused(args)
+  assert out_x.dtype == jnp.bfloat16     # as the layer casts it next (`_mix`)
+  for name, x, y in zip(("out", "state", "q", "k", "v", "g", "beta", "state0"),
+                        (out_x, state_x) + tuple(grads_x), (out_y, state_y) + tuple(grads_y)):
+    x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
+    scale = float(np.abs(y).max())
+    assert np.abs(x - y).max() <= 2e-2 * scale, name
+    assert np.abs(x - y).max() > 1e-5 * scale, name
+
+
+def test_bfloat16_storage_without_the_fused_scan_is_refused_naming_both_keys():
+  m = base.get_model_config()
+  m.update(gdn_scan="states", gdn_storage_dtype="bfloat16")
+  with pytest.raises(ValueError, match="gdn_storage_dtype='bfloat16' is for gdn_scan='fused'"):
+    qwen3_5.config_from_dict(m)
 
 
 def test_the_fused_kernels_keep_the_decay_gradient_float32_accurate():
