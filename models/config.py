@@ -140,8 +140,8 @@ class ModelConfig:
       raise ValueError(f"attention_causal_block must be >= -1 (-1 = auto, 0 = one block), got "
                        f"{self.attention_causal_block}")
     if self.attention_impl not in ATTENTION_IMPLS:
-      raise ValueError("attention_impl must be 'auto', 'reference', 'xla', 'cudnn' or 'pallas', got "
-                       f"{self.attention_impl!r}")
+      raise ValueError("attention_impl must be 'auto', 'reference', 'xla', 'cudnn' or 'pallas', "
+                       f"got {self.attention_impl!r}")
     for name in ("param_dtype", "dtype"):
       if getattr(self, name) not in ("float32", "bfloat16", "float16", "float64"):
         raise ValueError(f"{name} must be float64, float32, bfloat16 or float16, got {getattr(self, name)!r}")

@@ -261,8 +261,9 @@ def _attend_rows(q, k, v, cfg: ModelConfig, offset: int, recompute: bool, parts:
   each row's positions split over `parts` devices (1: whole rows).
 
   cuDNN's and Pallas' flash attention take the causal square whole (offset 0, whole rows):
-  their memory is O(t) already. Otherwise `causal_block` (0 or >= t: one block; whole rows only) splits the
-  queries into blocks, each scored only against the keys up to its last query: the scores
+  their memory is O(t) already. Otherwise `causal_block` (0 or >= t: one block; whole rows
+  only) splits the queries into blocks, each scored only against the keys up to its last
+  query: the scores
   above the diagonal blocks, masked away anyway, are never computed, so with n blocks the
   score work is (n + 1) / 2n of the square. The blocks differ in shape, so they are unrolled
   (n einsum pairs in the program). Within a block longer than `attention_query_chunk` (> 0),
