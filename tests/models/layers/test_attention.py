@@ -8,7 +8,9 @@ from jax._src.ad_checkpoint import saved_residuals
 from configs import base
 from models import config as config_lib
 from models import qwen3_5
+from models import sharding
 from models.layers import attention
+from models.layers import flash_attention
 from tests.models import kernel_checks
 
 
@@ -65,6 +67,25 @@ def test_pallas_flash_attention_matches_reference_outputs_and_gradients(seq):
   np.testing.assert_allclose(out, out_ref, atol=1e-5)
   for g, g_ref in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
     np.testing.assert_allclose(g, g_ref, atol=2e-5 * float(jnp.abs(g_ref).max()))
+
+
+def test_pallas_flash_attention_on_a_mesh_equals_one_device():
+  """On 8 CPU devices, rows split 4 ways and heads 2 ways (`jax.shard_map`: XLA does not
+  partition a Pallas kernel; the kv heads repeated before the split), the outputs and the
+  gradients of q, k and v are one device's."""
+  rng = np.random.default_rng(3)
+  q, k, v = (jnp.asarray(rng.standard_normal(shape), jnp.float32)
+             for shape in ((4, 40, 4, 16), (4, 40, 2, 16), (4, 40, 2, 16)))
+  w = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
+  run = jax.jit(jax.value_and_grad(lambda *a: jnp.sum(flash_attention.causal(*a) * w),
+                                   argnums=(0, 1, 2)))
+  one = run(q, k, v)
+  mesh, rules, place = kernel_checks.mesh_2x2x1x2()
+  with sharding.use_mesh(mesh, rules):
+    heads = ("batch", None, "activation_heads", None)
+    on_mesh = run(*(place(x, heads) for x in (q, k, v)))
+  for got, want in zip(jax.tree.leaves(on_mesh), jax.tree.leaves(one)):
+    np.testing.assert_allclose(got, want, atol=1e-5 * float(jnp.abs(want).max()))
 
 
 def test_pallas_attention_is_refused_on_tpu_naming_the_key():
