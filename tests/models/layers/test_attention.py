@@ -114,8 +114,9 @@ def test_auto_causal_block_is_128_with_the_reference_einsums_and_eight_on_long_x
     cfg.replace(attention_causal_block=-2)
 
 
-def test_xla_attention_prefill_then_decode_matches_the_whole_sequence():
-  cfg = _cfg(attention_impl="xla")
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_attention_prefill_then_decode_matches_the_whole_sequence(impl):
+  cfg = _cfg(attention_impl=impl)
   params, x, positions = _inputs(cfg, seq=12)
   whole, _ = attention.forward(params, x, positions, cfg)
   cache = {"k": jnp.zeros((2, 16, 2, 16)), "v": jnp.zeros((2, 16, 2, 16))}
@@ -127,7 +128,8 @@ def test_xla_attention_prefill_then_decode_matches_the_whole_sequence():
   np.testing.assert_allclose(whole, ref, atol=1e-5)
 
 
-def test_xla_model_logits_and_gradients_match_reference():
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_the_models_logits_and_gradients_match_reference(impl):
   cfg = _cfg(attention_impl="reference")
   params = qwen3_5.init_params(cfg, jax.random.key(1))
   tokens = jnp.asarray(np.random.default_rng(2).integers(0, cfg.vocab_size, (2, 20)), jnp.int32)
@@ -139,7 +141,7 @@ def test_xla_model_logits_and_gradients_match_reference():
     return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
 
   (_, logits_ref), grads_ref = run(cfg)
-  (_, logits), grads = run(cfg.replace(attention_impl="xla"))
+  (_, logits), grads = run(cfg.replace(attention_impl=impl))
   np.testing.assert_allclose(logits, logits_ref, atol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), grads, grads_ref)
 
