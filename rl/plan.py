@@ -253,21 +253,23 @@ def part_bytes(mc, seq: int, rows: float, tensor_ways: int = 1, length_ways: int
   # v. Scores are recomputed in the backward pass, one causal block (or query chunk) at a
   # time: the last and largest, [rows, heads, block, seq]; cuDNN's flash attention keeps none.
   # Pallas' (models/layers/flash_attention.py) keeps its log-sum-exp and the key and value
-  # heads repeated for every query head.
+  # heads repeated for every query head; its backward adds a float32 per query head and token
+  # and writes dk, dv for every query head before the repeat's gradient sums each group.
   nh, kvh, hd = mc.num_attention_heads / tw, mc.num_key_value_heads / tw, mc.head_dim
   query = mc.attention_query_chunk if 0 < mc.attention_query_chunk < seq else 0
   block = block if 0 < block < seq else seq
-  repeated_kv = 0.0
+  repeated_kv = repeated_kv_grads = 0.0
   if impl == "cudnn" and not query:
     scores = rows * nh * seq * 4 * 2 / length_ways         # its softmax statistics
   elif impl == "pallas":
-    scores = rows * nh * seq * 4 / length_ways
+    scores = rows * nh * seq * 4 * 2 / length_ways
     repeated_kv = 2 * (nh - kvh) * hd * ab * tok
+    repeated_kv_grads = 2 * nh * hd * ab * tok
   else:
     scores = rows * max(nh, 1) * (query or block) * seq * _SCORE_BYTES / length_ways
   gathered_kv = 2 * kvh * hd * rows * seq * ab if length_ways > 1 else 0
   out["attention"] = {"kept": (h + (6 * nh + 3 * kvh) * hd) * ab * tok + repeated_kv,
-                      "working": scores + gathered_kv, "scores": scores}
+                      "working": scores + gathered_kv + repeated_kv_grads, "scores": scores}
   if mc.use_moe:
     out["moe"] = _moe_bytes(mc, tok, ab, tw)
   else:
