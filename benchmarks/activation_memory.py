@@ -129,8 +129,7 @@ def for_target(mc, target: str):
   if target == "cpu":
     return mc, contextlib.nullcontext(), None
   device = aot.target_devices(f"{target}:1x1")[0]
-  if attention.resolve_impl(mc, device.platform) == "cudnn":
-    # cuDNN's library does not compile here: Pallas' flash attention, as the compile mode does
+  if attention.stands_in_for_cudnn(mc, device.platform):   # as the compile mode does
     mc = mc.replace(attention_impl="pallas")
   return mc, config_lib.compiling_for(device.platform), device
 

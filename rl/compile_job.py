@@ -39,6 +39,7 @@ from models import aot
 from models import config as config_lib
 from models import qwen3_5
 from models import sharding
+from models.layers import attention
 from rl import plan
 from rl import reductions
 from rl import sft
@@ -280,14 +281,8 @@ def run(config, target: str, programs=None) -> list[dict]:
   with config.unlocked():
     config.mesh.shape = shape
     config.plan.num_devices = len(devices)
-  if t.spec.platform == "cuda" and config.model.attention_impl == "auto" and (
-      config.model.dtype in ("bfloat16", "float16")):
-    # cuDNN's flash attention, the GPU default for 16-bit activations, needs the cuDNN library
-    # at compile time, which compiling from a CPU machine does not install (~1 GB). Pallas'
-    # flash attention (JAX's Triton kernel, models/layers/flash_attention.py) compiles in its
-    # place: like cuDNN's it keeps no scores and skips the masked tiles, where XLA's attention,
-    # the stand-in before, wrote every block's float32 scores (22 of the ~1B step's 193 ms
-    # roofline, docs/results.md).
+  if attention.stands_in_for_cudnn(qwen3_5.config_from_dict(config.model),
+                                   devices[0].platform):
     print("note: attention compiled as Pallas' flash attention (model.attention_impl=pallas) "
           "in place of cuDNN's, which needs the cuDNN library to compile", flush=True)
     with config.unlocked():

@@ -101,6 +101,16 @@ def resolve_impl(cfg: ModelConfig, backend: str | None = None) -> str:
   return impl
 
 
+def stands_in_for_cudnn(cfg: ModelConfig, backend: str) -> bool:
+  """Whether "pallas" compiles in place of `cfg`'s attention on `backend` where cuDNN's library
+  is not installed (a GPU target compiled from a CPU machine: the compile mode,
+  benchmarks/activation_memory.py): where "auto" would be cuDNN's flash attention. Pallas'
+  flash attention is the nearer stand-in (no scores kept, masked tiles skipped); XLA's, the
+  stand-in before, wrote every block's float32 scores (22 of the ~1B GRPO step's 193 ms
+  roofline estimate, docs/results.md)."""
+  return cfg.attention_impl == "auto" and resolve_impl(cfg, backend) == "cudnn"
+
+
 def _attend(q, k, v, mask, cfg: ModelConfig, causal: bool = False):
   """Softmax attention in float32.
 

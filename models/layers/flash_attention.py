@@ -29,7 +29,7 @@ from models.layers import common
 # step of its dk/dv and dq loops). Untimed: sized so that a head of 256 (35B-A3B) keeps its
 # double-buffered key and value tiles within an H100/H200's 228 KiB of shared memory.
 BLOCK_Q, BLOCK_K = 128, 64
-BACKWARD_BLOCK = {128: 64, 256: 32}
+BACKWARD_BLOCK, BACKWARD_BLOCK_WIDE = 64, 32     # heads of up to 128; wider ones
 
 
 def _padded(t: int) -> int:
@@ -42,7 +42,7 @@ def _padded(t: int) -> int:
 
 def _block_sizes(head_dim: int, t: int) -> pallas_attention.BlockSizes:
   """Tile sizes for rows of `t` (a `_padded` length: every block divides it)."""
-  back = min(BACKWARD_BLOCK[128] if head_dim <= 128 else BACKWARD_BLOCK[256], t)
+  back = min(BACKWARD_BLOCK if head_dim <= 128 else BACKWARD_BLOCK_WIDE, t)
   return pallas_attention.BlockSizes(block_q=min(BLOCK_Q, t), block_k=min(BLOCK_K, t),
                                      block_q_dkv=back, block_kv_dkv=back, block_q_dq=back,
                                      block_kv_dq=back)

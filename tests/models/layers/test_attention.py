@@ -162,6 +162,14 @@ def test_auto_picks_per_backend():
   assert attention.resolve_impl(cfg.replace(dtype="bfloat16"), backend="gpu") == "cudnn"
 
 
+def test_pallas_stands_in_for_cudnn_only_where_auto_would_pick_it():
+  cfg = _cfg(attention_impl="auto", dtype="bfloat16")
+  assert attention.stands_in_for_cudnn(cfg, "gpu")
+  assert not attention.stands_in_for_cudnn(cfg.replace(dtype="float32"), "gpu")   # xla there
+  assert not attention.stands_in_for_cudnn(cfg, "tpu")
+  assert not attention.stands_in_for_cudnn(cfg.replace(attention_impl="xla"), "gpu")
+
+
 @pytest.mark.parametrize("knobs", [{"attention_causal_block": 8}, {"attention_causal_block": 0},
                                    {"attention_causal_block": 8, "attention_impl": "xla"}])
 def test_recomputed_scores_give_the_outputs_and_gradients_of_kept_ones(knobs, monkeypatch):
