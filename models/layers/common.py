@@ -57,6 +57,32 @@ def kernel_mesh():
   return mesh, sharding.rules_from_config(nn.get_logical_axis_rules())
 
 
+def per_device(local, args: tuple, in_axes: tuple, out_axes):
+  """`local(*args)`, on a mesh once per device on its own shard (`jax.shard_map`: XLA does not
+  partition a Pallas kernel), as it is where `kernel_mesh` says so.
+
+  `in_axes` holds one tuple of logical axis names per arg (a prefix of its dims, None for a
+  dim every device holds whole), `out_axes` the same for local's results (a tuple of them for
+  several). A name is split over the same mesh axes in every operand, the axes its rule maps
+  it to that divide every dim it names (so query heads follow their kv heads), else none.
+  """
+  on_mesh = kernel_mesh()
+  if on_mesh is None:
+    return local(*args)
+  mesh, rules = on_mesh
+  sizes = {}
+  for axes, x in zip(in_axes, args):
+    for name, n in zip(axes, x.shape):
+      if name is not None:
+        sizes[name] = math.gcd(sizes.get(name, 0), n)
+  split = dict(zip(sizes, sharding.logical_to_spec(tuple(sizes), rules, mesh,
+                                                   tuple(sizes.values()))))
+  spec = lambda axes: jax.sharding.PartitionSpec(*(split[n] if n else None for n in axes))
+  out_specs = jax.tree.map(spec, out_axes, is_leaf=sharding.is_axes_leaf)
+  return jax.shard_map(local, mesh=mesh, in_specs=tuple(spec(a) for a in in_axes),
+                       out_specs=out_specs, check_vma=False)(*args)
+
+
 def token_groups(shape) -> tuple[tuple, int, int]:
   """How the tokens of an activation of `shape` [batch, seq, ...] are split under the current
   mesh and logical rules: (mesh axes, groups of rows, groups of each row's positions), the

@@ -28,7 +28,6 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
-from jax.sharding import PartitionSpec
 
 from models import sharding
 from models.layers import common
@@ -168,18 +167,14 @@ def attend(q, cache, new, pos, layer=None):
   layer = jnp.asarray(layer, jnp.int32).reshape(1)
   local = functools.partial(_attend_local, interpret=interpret)
   on_mesh = common.kernel_mesh()
-  if on_mesh is None:
-    return local(q, k_cache, v_cache, new["k"], new["v"], pos, layer)
-  mesh, rules = on_mesh
-  rows, length, heads = sharding.logical_to_spec(
-      ("batch", "activation_length", "kv_heads"), rules, mesh, k_cache.shape[1:4])
-  if length is not None and any(mesh.shape[a] > 1 for a in sharding.target_axes(length)):
-    raise ValueError("model.decode_attention=fused reads each row's cache on one device; the "
-                     f"cache's positions are split over {length}")
-  cache_spec = PartitionSpec(None, rows, None, heads, None)
-  per_head = PartitionSpec(rows, heads, None)
-  return jax.shard_map(local, mesh=mesh,
-                       in_specs=(per_head, cache_spec, cache_spec, per_head, per_head,
-                                 PartitionSpec(rows), PartitionSpec()),
-                       out_specs=per_head, check_vma=False)(
-                           q, k_cache, v_cache, new["k"], new["v"], pos, layer)
+  if on_mesh is not None:
+    mesh, rules = on_mesh
+    length, = sharding.logical_to_spec(("activation_length",), rules, mesh, k_cache.shape[2:3])
+    if length is not None and any(mesh.shape[a] > 1 for a in sharding.target_axes(length)):
+      raise ValueError("model.decode_attention=fused reads each row's cache on one device; "
+                       f"the cache's positions are split over {length}")
+  # Per device over the rows and kv heads (a query head follows its kv head), whole positions.
+  per_head, cache = ("batch", "kv_heads"), (None, "batch", None, "kv_heads")
+  return common.per_device(local, (q, k_cache, v_cache, new["k"], new["v"], pos, layer),
+                           (per_head, cache, cache, per_head, per_head, ("batch",), ()),
+                           per_head)

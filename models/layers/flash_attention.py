@@ -17,12 +17,9 @@ has no such kernel: "xla" there.
 """
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.gpu import attention as pallas_attention
-from jax.sharding import PartitionSpec
 
-from models import sharding
 from models.layers import common
 
 # Tile sizes: queries x keys a forward program holds, and the backward's (queries and keys per
@@ -71,13 +68,6 @@ def causal(q, k, v):
   if group > 1:
     k, v = (jnp.repeat(x, group, axis=2) for x in (k, v))
   local = functools.partial(_local, interpret=interpret)
-  on_mesh = common.kernel_mesh()
-  if on_mesh is None:
-    return local(q, k, v)
-  mesh, rules = on_mesh
-  # XLA does not partition a Pallas kernel: per device over the rows and heads, whole rows.
-  rows, heads = sharding.logical_to_spec(("batch", "activation_heads"), rules, mesh,
-                                         (q.shape[0], q.shape[2]))
-  spec = PartitionSpec(rows, None, heads, None)
-  return jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec,
-                       check_vma=False)(q, k, v)
+  # Per device over the rows and heads, each row whole.
+  axes = ("batch", None, "activation_heads")
+  return common.per_device(local, (q, k, v), (axes,) * 3, axes)

@@ -39,15 +39,17 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
-from jax.sharding import PartitionSpec
-
-from models import sharding
 from models.layers import common
 
 # State columns a program holds: with d_k = 128 a [128, 32] float32 block is 32 registers a
 # thread of 4 warps. Chosen from the register budget, not timed (no GPU run yet).
 BLOCK_V = 32
 NUM_WARPS = 4
+# Logical axes the kernels run per device over (`common.per_device`): rows and heads, after
+# the chunks or the stacked layers, which every device holds whole.
+_ROWS_HEADS = ("batch", "activation_heads")
+_CHUNKED = (None, *_ROWS_HEADS)
+_STACKED = (None, *_ROWS_HEADS)
 
 
 def _f32(x):
@@ -201,16 +203,8 @@ def walk(u, w, k, decay, state, precision: str = "highest"):
         ("the value block, min(BLOCK_V, linear_value_head_dim)", min(BLOCK_V, u.shape[4]))))
   local = functools.partial(_walk_local, precision=jax.lax.Precision(precision),
                             interpret=interpret)
-  on_mesh = common.kernel_mesh()
-  if on_mesh is None:
-    return local(u, w, k, decay, state)
-  mesh, rules = on_mesh
-  rows_heads = sharding.logical_to_spec(("batch", "activation_heads"), rules, mesh,
-                                        state.shape[:2])
-  chunked = PartitionSpec(None, *rows_heads)
-  return jax.shard_map(local, mesh=mesh, in_specs=(chunked,) * 4 + (rows_heads,),
-                       out_specs=(chunked, chunked, rows_heads), check_vma=False)(
-                           u, w, k, decay, state)
+  return common.per_device(local, (u, w, k, decay, state), (_CHUNKED,) * 4 + (_ROWS_HEADS,),
+                           (_CHUNKED, _CHUNKED, _ROWS_HEADS))
 
 
 # The chunks' outputs (`model.gdn_scan=fused`): with q_i, k_i [c, d_k] the chunk's keys and
@@ -358,18 +352,10 @@ def _transform_local(k, v, g, beta, precision, interpret: bool):
 
 
 def _per_device(local, args, outputs: int):
-  """`local` on args [n_chunks, batch, heads, ...], on a mesh per device (`jax.shard_map`: XLA
-  does not partition a Pallas kernel) over the rows and heads; `outputs` results alike."""
-  on_mesh = common.kernel_mesh()
-  if on_mesh is None:
-    return local(*args)
-  mesh, rules = on_mesh
-  rows_heads = sharding.logical_to_spec(("batch", "activation_heads"), rules, mesh,
-                                        args[0].shape[1:3])
-  chunked = PartitionSpec(None, *rows_heads)
-  return jax.shard_map(local, mesh=mesh, in_specs=(chunked,) * len(args),
-                       out_specs=chunked if outputs == 1 else (chunked,) * outputs,
-                       check_vma=False)(*args)
+  """`local` on args [n_chunks, batch, heads, ...], per device over the rows and heads
+  (`common.per_device`); `outputs` results alike."""
+  return common.per_device(local, args, (_CHUNKED,) * len(args),
+                           _CHUNKED if outputs == 1 else (_CHUNKED,) * outputs)
 
 
 def chunk_outputs(q, k, g, states, v_new, precision: str = "highest"):
@@ -565,17 +551,6 @@ def recurrent_step(q, k, v, g, beta, state, layer=None):
   f32 = lambda *a: tuple(x.astype(jnp.float32) for x in a)
   q, k, v, g, beta = f32(q, k, v, g, beta)
   local = functools.partial(_decode_local, interpret=interpret)
-  on_mesh = common.kernel_mesh()
-  if on_mesh is None:
-    out, state = local(q, k, v, g, beta, state, layer)
-  else:
-    mesh, rules = on_mesh
-    rows_heads = sharding.logical_to_spec(("batch", "activation_heads"), rules, mesh,
-                                          state.shape[1:3])
-    vec, stack = PartitionSpec(*rows_heads, None), PartitionSpec(None, *rows_heads, None, None)
-    out, state = jax.shard_map(local, mesh=mesh,
-                               in_specs=(vec, vec, vec, rows_heads, rows_heads, stack,
-                                         PartitionSpec()),
-                               out_specs=(vec, stack), check_vma=False)(
-                                   q, k, v, g, beta, state, layer)
+  out, state = common.per_device(local, (q, k, v, g, beta, state, layer),
+                                 (_ROWS_HEADS,) * 5 + (_STACKED, ()), (_ROWS_HEADS, _STACKED))
   return out, (state if stacked else state[0])
