@@ -360,8 +360,8 @@ def _expert_matmul_bwd(step, fused, res, dy):
   blocks = xs.shape[0]
   if fused:
     dxs = moe_fused.block_matmul(dy, w, block_expert, used_blocks, transpose=True)
-    dw = moe_fused.expert_weight_grads(xs, dy, block_expert, w.shape[0], used_blocks)
-    return dxs.astype(xs.dtype), dw.astype(w.dtype), None, None
+    dw = moe_fused.expert_weight_grads(xs, dy, block_expert, w.shape[0], used_blocks, w.dtype)
+    return dxs.astype(xs.dtype), dw, None, None
   add = lambda dw, be, dwb: dw.at[be].add(dwb.astype(jnp.float32), indices_are_sorted=True,
                                           mode="promise_in_bounds")
   if step >= blocks:
@@ -725,6 +725,15 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
           _ungroup_tokens(logits, b, s, groups_b, groups_s).reshape(b * s, -1))
 
 
+def _gate_logit(x: jax.Array, w: jax.Array) -> jax.Array:
+  """x . w [..., 1] in float32, the shared expert's gate: a weighted sum over the embedding,
+  not a matmul with one output column (a bfloat16 product is exact in float32, so this is the
+  matmul's float32 accumulation). XLA:GPU's Triton GEMM emitter fails on that one-column
+  matmul when it reads a layer's slice of an unrolled stack ("Reshape input and output shapes
+  must be the same, got 1x16 -> 16x8", jax 0.10.2); a reduction has no such tile."""
+  return jnp.sum(x.astype(jnp.float32) * w.astype(jnp.float32), axis=-1, keepdims=True)
+
+
 def forward(p, x, cfg: ModelConfig, layer=None):
   """Sparse MoE over x [batch, seq, embed]. Returns (out, router logits [b*s, experts] f32).
 
@@ -759,6 +768,6 @@ def forward(p, x, cfg: ModelConfig, layer=None):
     # all-reduces a GPU, compiler figures).
     with jax.named_scope("shared"):
       shared = swiglu(p, x, dt, prefix="shared_")
-      scale = jax.nn.sigmoid(common.dense(x, p["shared_expert_gate"][:, None], dt))
+      scale = jax.nn.sigmoid(_gate_logit(x, p["shared_expert_gate"])).astype(dt)
     out = out + scale * shared
   return out, logits

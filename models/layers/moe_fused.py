@@ -147,8 +147,8 @@ def _wgrad_kernel(start_ref, end_ref, x_ref, dy_ref, o_ref, *, tile_in: int, til
     return acc + jax.lax.dot_general(x, dy, (((0,), (0,)), ((), ())),
                                      preferred_element_type=jnp.float32)
 
-  o_ref[...] = jax.lax.fori_loop(start_ref[e], end_ref[e], step,
-                                 jnp.zeros(o_ref.shape, jnp.float32))
+  acc = jax.lax.fori_loop(start_ref[e], end_ref[e], step, jnp.zeros(o_ref.shape, jnp.float32))
+  o_ref[...] = acc.astype(o_ref.dtype)
 
 
 def expert_block_ranges(block_expert, num_experts: int, used_blocks=None):
@@ -161,10 +161,14 @@ def expert_block_ranges(block_expert, num_experts: int, used_blocks=None):
   return jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]]), ends
 
 
-def expert_weight_grads(xs, dy, block_expert, num_experts: int, used_blocks=None):
-  """xs [blocks, rows, d_in], dy [blocks, rows, d_out] -> float32 [num_experts, d_in, d_out]:
-  each expert's sum of its blocks' x^T dy (block_expert non-decreasing, as the blocked layout
-  makes it; blocks from `used_blocks` on are left out; an expert with no block gets zeros)."""
+def expert_weight_grads(xs, dy, block_expert, num_experts: int, used_blocks=None,
+                        dtype=jnp.float32):
+  """xs [blocks, rows, d_in], dy [blocks, rows, d_out] -> [num_experts, d_in, d_out] in
+  `dtype`: each expert's sum of its blocks' x^T dy (block_expert non-decreasing, as the blocked
+  layout makes it; blocks from `used_blocks` on are left out; an expert with no block gets
+  zeros). The sum is float32 in one program either way, rounded once to `dtype` as it is
+  stored: a bfloat16 gradient is written as such, not as float32 then converted (a third of the
+  bytes)."""
   interpret = common.triton_interpret("moe_dispatch=blocked_fused", "gmm or blocked")
   _, rows, d_in = xs.shape
   d_out = dy.shape[-1]
@@ -176,6 +180,6 @@ def expert_weight_grads(xs, dy, block_expert, num_experts: int, used_blocks=None
       kernel, grid=(d_in // tile_in, d_out // tile_out, num_experts),
       in_specs=[pl.no_block_spec] * 4,               # the kernel walks its expert's blocks
       out_specs=pl.BlockSpec((None, tile_in, tile_out), lambda i, j, e: (e, i, j)),
-      out_shape=jax.ShapeDtypeStruct((num_experts, d_in, d_out), jnp.float32),
+      out_shape=jax.ShapeDtypeStruct((num_experts, d_in, d_out), dtype),
       interpret=interpret, compiler_params=_compiler_params(interpret),
   )(starts, ends, _pad_rows(xs, padded), _pad_rows(dy, padded))

@@ -242,22 +242,22 @@ def test_on_a_mesh_each_device_routes_its_own_tokens_with_the_same_result(rules_
   assert aot.hlo_costs(hlo)["flops"] < 0.35 * aot.hlo_costs(one_hlo)["flops"]
 
 
-@pytest.mark.parametrize("step", [600, 7])
-def test_blocked_weight_gradient_of_bfloat16_experts_is_summed_in_float32(step):
+@pytest.mark.parametrize("step,fused", [(600, False), (7, False), (600, True)])
+def test_blocked_weight_gradient_of_bfloat16_experts_is_summed_in_float32(step, fused):
   """One expert's rows span 600 one-row blocks: its weight gradient is their sum. Each block's
   product may be rounded to bfloat16 once (independent errors of half an ulp, which add up like
   a random walk: ~2^-9 x the root sum of squares of the terms), but the sum runs in float32 and
   is rounded once. A bfloat16 running sum (autodiff of the gather) rounds at every one of the
   600 additions to the ulp of the partial sum: 5.7-9.5x this bound on these seeds, against
   0.5-0.8x for the float32 sum. In steps of 7 blocks (`moe_block_chunk`), the sum is the
-  loop's float32 carry."""
+  loop's float32 carry. `blocked_fused`: the kernel's float32 sum, stored in bfloat16."""
   rng = np.random.default_rng(0)
   g, d_in, d_out, e = 600, 4, 4, 2
   xs = jnp.asarray(rng.normal(size=(g, 1, d_in)), jnp.bfloat16)
   dy = jnp.asarray(rng.normal(size=(g, 1, d_out)), jnp.bfloat16)
   w = jnp.asarray(rng.normal(size=(e, d_in, d_out)), jnp.bfloat16)
   block_expert = jnp.zeros((g,), jnp.int32)          # every block is expert 0's
-  _, vjp = jax.vjp(lambda w: moe._expert_matmul(xs, w, block_expert, step, False), w)
+  _, vjp = jax.vjp(lambda w: moe._expert_matmul(xs, w, block_expert, step, fused), w)
   (dw,) = vjp(dy)
   assert dw.dtype == jnp.bfloat16
   terms = jnp.einsum("gbi,gbo->gio", xs.astype(jnp.float32), dy.astype(jnp.float32))
@@ -475,6 +475,11 @@ def test_the_fused_backward_kernels_give_the_transposed_matmul_and_per_expert_we
     np.add.at(want_dw, np.asarray(block_expert[:7]), per_block)
     assert dw.dtype == jnp.float32 and not np.any(np.asarray(dw[1]))
     np.testing.assert_allclose(dw, want_dw, atol=1e-4, err_msg=f"rows {rows}")
+    # Stored in bfloat16: the same float32 sums, each rounded once.
+    dw16 = jax.jit(lambda x, d: moe_fused.expert_weight_grads(
+        x, d, block_expert, 5, jnp.int32(7), jnp.bfloat16))(xs, dy)
+    assert dw16.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(dw16, dw.astype(jnp.bfloat16))
 
 
 def _h200_moe_grad_hlo(cfg) -> str:
@@ -558,3 +563,27 @@ def test_the_fused_dispatch_is_an_error_on_tpu():
   x = jax.random.normal(jax.random.key(1), (2, 16, cfg.hidden_size))
   with config_lib.compiling_for("tpu"), pytest.raises(ValueError, match="blocked_fused"):
     moe.forward(p, x, cfg)
+
+
+def test_the_shared_gate_of_an_unrolled_layer_stack_compiles_for_an_h200():
+  """Two layers' MoE in bfloat16, each reading its slice of stacked params (as an unrolled
+  layer scan does), forward and backward over 8 x 2048 tokens compile for an H200: the shared
+  expert's one-column gate matmul, which XLA:GPU's Triton GEMM emitter failed on here ("Reshape
+  input and output shapes must be the same"), is a float32 weighted sum."""
+  cfg = _cfg(4, k=1, hidden=1024, mlp=16, shared=16).replace(dtype="bfloat16",
+                                                              param_dtype="bfloat16")
+  one = jax.eval_shape(lambda k: moe.init(k, cfg), jax.random.key(0))
+  stacked = jax.tree.map(lambda a: jax.ShapeDtypeStruct((2,) + a.shape, a.dtype), one)
+  x = jax.ShapeDtypeStruct((8, 2048, cfg.hidden_size), jnp.bfloat16)
+
+  def loss(ps, x):
+    for i in range(2):
+      x = x + moe.forward(jax.tree.map(lambda a: a[i], ps), x, cfg)[0]
+    return jnp.sum(x.astype(jnp.float32))
+  device = aot.target_devices("h200:1x1")[0]
+  place = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                         sharding=jax.sharding.SingleDeviceSharding(device))
+  with config_lib.compiling_for("gpu"):
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+    hlo = step.lower(*jax.tree.map(place, (stacked, x))).compile().as_text()
+  assert "__triton_nested_gemm_fusion" in hlo or "__cublas" in hlo
