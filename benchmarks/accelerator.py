@@ -214,11 +214,12 @@ def parse_args(argv=None):
                   help="a model config setting for every part (repeatable) that changes no "
                   "shape (the FLOPs and parameter counts are the size's), e.g. "
                   "model.gdn_scan=fused; or rollout.KEY=VALUE, the engine's, for decode alone "
-                  "(e.g. rollout.scan_layers=False)")
+                  "(e.g. rollout.scan_layers=False); or train.KEY=VALUE for the train step "
+                  "alone (e.g. train.micro_batches=2: fewer, larger micro-batches)")
   ap.add_argument("--versus", action="append", default=[], metavar="model.KEY=VALUE",
                   help="also run every part with this setting on top (repeatable), and report "
                   "each part's speed with it over without, e.g. model.gdn_decode=fused "
-                  "(rollout.KEY=VALUE: decode alone)")
+                  "(rollout.KEY=VALUE: decode alone; train.KEY=VALUE: the train step alone)")
   ap.add_argument("--decode_prompt_len", type=int, default=0,
                   help="decode's prompt length (0 = the size's: 256 for 1b); a long one, e.g. "
                   "8192, is where model.decode_attention=fused reads less than xla")
@@ -231,25 +232,25 @@ def parse_args(argv=None):
 
 
 def _setting(text: str) -> tuple:
-  """--set's "model.KEY=VALUE" as (KEY, VALUE), "rollout.KEY=VALUE" (the engine's: decode
-  alone) as ("rollout.KEY", VALUE)."""
+  """--set's "model.KEY=VALUE" as (KEY, VALUE); "rollout.KEY=VALUE" (the engine's: decode
+  alone) and "train.KEY=VALUE" (the train step alone) as ("rollout.KEY" / "train.KEY", VALUE)."""
   key, sep, value = text.partition("=")
   section, _, name = key.partition(".")
-  if not sep or section not in ("model", "rollout") or not name:
-    raise SystemExit("accelerator.py: --set takes model.KEY=VALUE or rollout.KEY=VALUE, "
-                     f"got {text!r}")
+  if not sep or section not in ("model", "rollout", "train") or not name:
+    raise SystemExit("accelerator.py: --set takes model.KEY=VALUE, rollout.KEY=VALUE or "
+                     f"train.KEY=VALUE, got {text!r}")
   return (name if section == "model" else key), value
 
 
 def _run_parts(ctx: dict, settings: dict, suffix: str = "") -> tuple:
   """The model step, train step and decode benchmarks with `settings` (model fields, and
-  "rollout.KEY" ones for decode alone): ({"model_step", "train_step", "decode"}: each child's
-  figures with MFU or the roofline share added, the model step's command); the children's logs
-  are named with `suffix`."""
+  "rollout.KEY" ones for decode alone, "train.KEY" ones for the train step alone):
+  ({"model_step", "train_step", "decode"}: each child's figures with MFU or the roofline share
+  added, the model step's command); the children's logs are named with `suffix`."""
   py, dtype, run, fields, cfg = (ctx[k] for k in ("py", "dtype", "run", "fields", "cfg"))
   figures, timeout, env, out_dir = (ctx[k] for k in ("figures", "timeout", "env", "out_dir"))
   run_child, result = ctx["run_child"], {}
-  over = {k: v for k, v in settings.items() if not k.startswith("rollout.")}
+  over = {k: v for k, v in settings.items() if not k.startswith(("rollout.", "train."))}
   engine = {k: v for k, v in settings.items() if k.startswith("rollout.")}
 
   # Model step: forward + backward of the jitted model.
@@ -264,16 +265,16 @@ def _run_parts(ctx: dict, settings: dict, suffix: str = "") -> tuple:
     result["model_step"]["mfu"] = fpt * ms["jax_tokens_per_s"] / figures[0]
 
   # Train step: the GRPO step on a synthetic batch; MFU from the config's FLOPs.
-  cmd = [py, os.path.join(HERE, "train_step.py"), "--config=configs/tiny_cpu.py", "--steps=3",
-         f"--config.train.prompts_per_step={run['prompts']}",
-         f"--config.train.samples_per_prompt={run['samples']}",
-         f"--config.train.seq_len={run['train_seq']}",
-         f"--config.train.max_context={run['train_seq']}",
-         f"--config.train.micro_batches={run['micro']}",
-         # Every weight trains, as a GPU run's recipe does: tiny_cpu.py trains the output
-         # norm alone, whose step skips every other weight's optimizer update (the gradient
-         # matmuls run either way: the compiled FLOPs of the two differ by ~1.5%).
-         "--config.optim.trainable="]
+  train = {"train.prompts_per_step": run["prompts"], "train.samples_per_prompt": run["samples"],
+           "train.seq_len": run["train_seq"], "train.max_context": run["train_seq"],
+           "train.micro_batches": run["micro"],
+           # Every weight trains, as a GPU run's recipe does: tiny_cpu.py trains the output
+           # norm alone, whose step skips every other weight's optimizer update (the gradient
+           # matmuls run either way: the compiled FLOPs of the two differ by ~1.5%).
+           "optim.trainable": ""}
+  train.update((k, v) for k, v in settings.items() if k.startswith("train."))
+  cmd = [py, os.path.join(HERE, "train_step.py"), "--config=configs/tiny_cpu.py", "--steps=3"]
+  cmd += [f"--config.{k}={v}" for k, v in train.items()]
   cmd += [f"--config.model.{k}={v}" for k, v in over.items()]
   ts, secs = run_child("train_step" + suffix, cmd, timeout, env, out_dir)
   result["train_step"] = dict(ts, wall_s=secs)

@@ -3,6 +3,8 @@
   python benchmarks/activation_memory.py                      # XLA:CPU and an H200 (compiled from here)
   python benchmarks/activation_memory.py --targets=cpu --remat=full --tokens=8192
   python benchmarks/activation_memory.py --size=smoke --targets=cpu --tokens=512 --seq=128
+  python benchmarks/activation_memory.py --targets=h200 --parts=model --kept=false \
+      --gdn_scan=fused --set=model.scan_unroll=0     # any model field: --set=model.KEY=VALUE
 
 Compiles, for each target, the forward + backward of the accelerator benchmark's ~1B MoE
 (benchmarks/accelerator.py `SIZES["1b"]`, bfloat16) over --tokens tokens in rows of --seq, and
@@ -44,6 +46,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import accelerator  # noqa: E402  (a sibling: benchmarks/ is sys.path[0])
+import bench_overrides  # noqa: E402  (a sibling)
+from configs import base  # noqa: E402
 from models import aot  # noqa: E402
 from models import config as config_lib  # noqa: E402
 from models.config import GDN_SCANS  # noqa: E402
@@ -183,10 +187,18 @@ def _roofline(mc, tokens: int, seq: int, row: dict, spec) -> str:
 
 
 def size_config(size: str, remat: str, gdn_scan: str = GDN_SCANS[0], moe_dispatch: str = "auto",
-                gdn_recompute: bool = True):
-  mc = accelerator.model_config(accelerator.SIZES[size], "bfloat16")
-  return mc.replace(remat=remat, gdn_scan=gdn_scan, moe_dispatch=moe_dispatch,
-                    gdn_recompute=gdn_recompute)
+                gdn_recompute: bool = True, sets=()):
+  """The ModelConfig of accelerator.py's `size` in bfloat16 with these settings, then each
+  "model.KEY=VALUE" of `sets` (any model field; an unknown key is an error)."""
+  m = base.get_model_config()
+  m.update(accelerator.model_overrides(accelerator.SIZES[size], "bfloat16"))
+  m.update(remat=remat, gdn_scan=gdn_scan, moe_dispatch=moe_dispatch,
+           gdn_recompute=gdn_recompute)
+  for kv in sets:
+    if not kv.startswith("model."):
+      raise SystemExit(f"activation_memory.py: --set takes model.KEY=VALUE, got {kv!r}")
+  bench_overrides.apply(m, [kv[len("model."):] for kv in sets])
+  return qwen3_5.config_from_dict(m)
 
 
 def main(argv=None):
@@ -207,10 +219,12 @@ def main(argv=None):
                   "target's)")
   ap.add_argument("--gdn_recompute", default="true", choices=("true", "false"),
                   help="model.gdn_recompute: the Gated DeltaNet mixer recomputed in the backward")
+  ap.add_argument("--set", action="append", default=[], metavar="model.KEY=VALUE",
+                  help="any other model field (repeatable), e.g. model.gdn_storage_dtype=bfloat16")
   args = ap.parse_args(argv)
   rows = args.tokens // args.seq
   mc = size_config(args.size, args.remat, args.gdn_scan, args.moe_dispatch,
-                   args.gdn_recompute == "true")
+                   args.gdn_recompute == "true", args.set)
   planned = plan.activation_bytes(mc, args.seq, rows, 1)
   tok = rows * args.seq
   print(f"{args.size} MoE ({qwen3_5.count_params(mc)['total'] / 1e9:.2f} B params), {rows} x "

@@ -234,8 +234,21 @@ def test_an_engine_setting_reaches_decode_alone(tmp_path):
     assert not any("rollout" in a for a in calls[part]), calls[part]
   assert got["result"]["settings"] == {"rollout.scan_layers": "False"}
   assert got["result"]["versus"]["settings"] == {"rollout.max_slots": "64"}
-  with pytest.raises(SystemExit, match="or rollout.KEY=VALUE"):
-    accelerator.main(["--smoke", "--set=train.seq_len=8"], run_child=lambda *a: None)
+  with pytest.raises(SystemExit, match="rollout.KEY=VALUE or train.KEY=VALUE"):
+    accelerator.main(["--smoke", "--set=optim.lr=8"], run_child=lambda *a: None)
+
+
+def test_a_train_setting_reaches_the_train_step_alone(tmp_path):
+  """--versus=train.micro_batches=1 (fewer, larger micro-batches): the train step's second
+  run has it in place of the size's, given once; the model step and decode never see it."""
+  got = _parent(tmp_path, "--smoke", "--versus=train.micro_batches=2")
+  calls = got["calls"]
+  micro = lambda part: [a for a in calls[part] if a.startswith("--config.train.micro_batches")]
+  assert micro("train_step") == ["--config.train.micro_batches=1"]   # the smoke size's
+  assert micro("train_step_versus") == ["--config.train.micro_batches=2"]
+  for part in ("model_step", "decode", "model_step_versus", "decode_versus"):
+    assert not any("micro_batches" in a for a in calls[part]), calls[part]
+  assert got["result"]["versus"]["settings"] == {"train.micro_batches": "2"}
 
 
 def test_a_long_decode_prompt_reaches_the_decode_child_and_its_roofline(tmp_path):

@@ -61,3 +61,17 @@ def test_a_gpu_target_prints_the_steps_kernels_and_its_roofline():
   model = json.loads(p.stdout.strip().splitlines()[-1])["targets"]["h200"]["parts"]["model"]
   assert model["kernels"] > 0 and model["traffic"] > 0 and model["roofline_s"] > 0
   assert "roofline" in p.stdout and "MFU at most" in p.stdout
+
+
+def test_a_set_model_field_takes_effect_and_an_unknown_one_is_named():
+  """--set=model.KEY=VALUE reaches the config compiled and planned (two layers plan fewer
+  activation bytes than the smoke size's four); a key the model config lacks is an error."""
+  two, _ = _run("--parts=rms_norm", "--kept=false", "--set=model.num_hidden_layers=2")
+  four, _ = _run("--parts=rms_norm", "--kept=false")
+  assert two["plan"]["total"] < 0.75 * four["plan"]["total"], (two["plan"], four["plan"])
+  p = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "benchmarks", "activation_memory.py"), "--size=smoke",
+       "--targets=cpu", "--set=model.no_such_key=1"],
+      cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+      timeout=600)
+  assert p.returncode != 0 and "no_such_key" in p.stderr
