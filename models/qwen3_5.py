@@ -155,21 +155,33 @@ def _block(p, x, positions, cfg: ModelConfig, layer_type: str, cache, lengths, m
   return x, router_logits, cache
 
 
-# `scan_unroll=-1` (auto) unrolls models of at most this many layer cycles.
+# `scan_unroll=-1` (auto) without remat unrolls models of at most this many layer cycles, on
+# a GPU up to `AUTO_UNROLL_CYCLES_GPU` (docs/model.md, "Layers are scanned").
 AUTO_UNROLL_CYCLES = 2
+AUTO_UNROLL_CYCLES_GPU = 4
 
 
-def scan_unroll(cfg: ModelConfig) -> int:
+def scan_unroll(cfg: ModelConfig, backend: str | None = None) -> int:
   """Layer cycles per step of the layer scan for `cfg.scan_unroll` (0 = all, -1 = auto).
 
   The scan's backward copies every stacked residual into its slot of the stacked buffers (on
   CPU ~15% of the step at 4 x 1024 tokens, 2 cycles); unrolled, those copies go, but compile
   time then grows with depth. Auto unrolls up to `AUTO_UNROLL_CYCLES` cycles, where the
   unrolled program compiles no slower than the scanned one (measured on CPU, docs/model.md),
-  and scans one cycle a step beyond, keeping compile time flat in depth.
+  and scans one cycle a step beyond, keeping compile time flat in depth. On a GPU (`backend`,
+  default the platform traced for) up to `AUTO_UNROLL_CYCLES_GPU`: there the copies and the
+  scan's per-layer launches are a larger share of a step (the ~1B benchmark model's 3 cycles
+  ran their forward+backward 1.12x as fast unrolled on an H200). Under remat auto scans one
+  cycle a step at any depth: the loop is what keeps the recomputation in the backward pass
+  (unrolled, the 8-layer smoke model's forward+backward held 2.0x the plan's activations on
+  CPU and 1.5x for an H200, scanned 0.97x and 1.02x; `_run_layers`).
   """
   if cfg.scan_unroll == -1:
-    return cfg.num_cycles if cfg.num_cycles <= AUTO_UNROLL_CYCLES else 1
+    if cfg.remat != "none":
+      return 1
+    gpu = (backend or config_lib.platform()) in ("gpu", "cuda", "rocm")
+    limit = AUTO_UNROLL_CYCLES_GPU if gpu else AUTO_UNROLL_CYCLES
+    return cfg.num_cycles if cfg.num_cycles <= limit else 1
   return cfg.scan_unroll or cfg.num_cycles
 
 
@@ -226,8 +238,13 @@ def _run_layers(cfg: ModelConfig, params, x, positions, cache=None, lengths=None
       new_cache.append(c)
     return (x, tuple(kv)), (tuple(router), None if block_cache is None else tuple(new_cache))
 
+  unroll = scan_unroll(cfg)
   if cfg.remat == "full":
-    cycle_body = jax.checkpoint(cycle_body, prevent_cse=False)
+    # Fully unrolled (scan_unroll=0), no loop stands between the forward and the backward's
+    # recomputation, and without `prevent_cse` XLA merges the two (the ~1B forward+backward
+    # for an H200 held 17.4 GiB of temporaries, 3.5x the plan's activations; with it 10.8 GiB,
+    # 2.2x: XLA still schedules part of the recomputation early, so auto scans under remat).
+    cycle_body = jax.checkpoint(cycle_body, prevent_cse=unroll >= cfg.num_cycles)
   blocks_cache = None if cache is None else cache["blocks"]
   kv = ()
   if any(carried):
@@ -236,7 +253,7 @@ def _run_layers(cfg: ModelConfig, params, x, positions, cache=None, lengths=None
   blocks_adapters = None if adapters is None else adapters["blocks"]
   (x, kv), (router, new_blocks) = jax.lax.scan(
       cycle_body, (x, kv), (blocks_params, blocks_cache, blocks_adapters,
-                            jnp.arange(cfg.num_cycles)), unroll=scan_unroll(cfg))
+                            jnp.arange(cfg.num_cycles)), unroll=unroll)
   if any(carried):
     new_blocks = tuple(k if c else b for k, b, c in zip(kv, new_blocks, carried))
   return x, router, new_blocks

@@ -19,7 +19,7 @@ def _run(*args):
       timeout=600)
   assert p.returncode == 0, p.stderr[-3000:]
   out = json.loads(p.stdout.strip().splitlines()[-1])
-  assert (out["size"], out["tokens"], out["seq"]) == ("smoke", 512, 128)
+  assert out["size"] == "smoke"
   return out["targets"]["cpu"], p.stdout
 
 
@@ -75,3 +75,13 @@ def test_a_set_model_field_takes_effect_and_an_unknown_one_is_named():
       cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
       timeout=600)
   assert p.returncode != 0 and "no_such_key" in p.stderr
+
+
+def test_full_remat_of_a_two_cycle_model_keeps_what_the_plan_counts():
+  """Under remat the layer scan stays a loop (auto, 2 cycles here): the recomputation waits
+  for the backward pass, and the step holds about the plan's activations. Unrolled, as auto
+  had it for models of <= 2 cycles, XLA ran it with the forward: 2.0x the plan."""
+  cpu, _ = _run("--parts=model", "--kept=false", "--remat=full", "--tokens=2048", "--seq=256",
+                "--set=model.num_hidden_layers=8")
+  ratio = cpu["parts"]["model"]["temp"] / cpu["plan"]["total"]
+  assert 0.8 <= ratio <= 1.25, (ratio, cpu["plan"])

@@ -271,6 +271,8 @@ def test_scan_unroll_gives_the_same_logits_and_gradients(two_cycle_model, scanne
 
 
 def test_auto_scan_unroll_unrolls_shallow_models_and_scans_deep_ones(two_cycle_model):
+  """Shallow: up to 2 layer cycles (4 on a GPU); deeper models, and any under remat, scan
+  one cycle a step."""
   cfg, _ = two_cycle_model
   assert cfg.num_cycles == 2
   assert qwen3_5.scan_unroll(cfg.replace(scan_unroll=-1)) == 2
@@ -278,6 +280,13 @@ def test_auto_scan_unroll_unrolls_shallow_models_and_scans_deep_ones(two_cycle_m
   assert qwen3_5.scan_unroll(deep) == 1
   assert qwen3_5.scan_unroll(deep.replace(scan_unroll=0)) == 3
   assert qwen3_5.scan_unroll(deep.replace(scan_unroll=2)) == 2
+  # On a GPU auto unrolls up to 4 cycles (the 3 here); deeper models scan one cycle a step,
+  # and so does any model under remat (the loop keeps the recomputation in the backward).
+  assert qwen3_5.scan_unroll(deep, backend="gpu") == 3
+  assert qwen3_5.scan_unroll(deep.replace(remat="full"), backend="gpu") == 1
+  assert qwen3_5.scan_unroll(cfg.replace(scan_unroll=-1, remat="full")) == 1
+  deeper = cfg.replace(num_hidden_layers=20, layer_types=tuple(cfg.cycle) * 5, scan_unroll=-1)
+  assert qwen3_5.scan_unroll(deeper, backend="gpu") == 1
   with pytest.raises(ValueError, match="scan_unroll"):
     cfg.replace(scan_unroll=-2)
 
