@@ -171,10 +171,10 @@ def scan_unroll(cfg: ModelConfig, backend: str | None = None) -> int:
   and scans one cycle a step beyond, keeping compile time flat in depth. On a GPU (`backend`,
   default the platform traced for) up to `AUTO_UNROLL_CYCLES_GPU`: there the copies and the
   scan's per-layer launches are a larger share of a step (the ~1B benchmark model's 3 cycles
-  ran their forward+backward 1.12x as fast unrolled on an H200). Under remat auto scans one
-  cycle a step at any depth: the loop is what keeps the recomputation in the backward pass
-  (unrolled, the 8-layer smoke model's forward+backward held 2.0x the plan's activations on
-  CPU and 1.5x for an H200, scanned 0.97x and 1.02x; `_run_layers`).
+  ran faster unrolled on an H200). Under remat auto scans one cycle a step at any depth: the
+  loop is what keeps the recomputation in the backward pass; unrolled, XLA runs it beside the
+  forward and the step holds about what it would without remat (`_run_layers`; figures in
+  docs/model.md).
   """
   if cfg.scan_unroll == -1:
     if cfg.remat != "none":
@@ -241,9 +241,9 @@ def _run_layers(cfg: ModelConfig, params, x, positions, cache=None, lengths=None
   unroll = scan_unroll(cfg)
   if cfg.remat == "full":
     # Fully unrolled (scan_unroll=0), no loop stands between the forward and the backward's
-    # recomputation, and without `prevent_cse` XLA merges the two (the ~1B forward+backward
-    # for an H200 held 17.4 GiB of temporaries, 3.5x the plan's activations; with it 10.8 GiB,
-    # 2.2x: XLA still schedules part of the recomputation early, so auto scans under remat).
+    # recomputation, and without `prevent_cse` XLA merges the two: nothing is rematerialised.
+    # With it XLA still runs part of the recomputation early, so auto scans under remat
+    # (figures: docs/model.md, "Layers are scanned over the repeating cycle").
     cycle_body = jax.checkpoint(cycle_body, prevent_cse=unroll >= cfg.num_cycles)
   blocks_cache = None if cache is None else cache["blocks"]
   kv = ()
