@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
+
 from models.layers import common
 
 # State columns a program holds: with d_k = 128 a [128, 32] float32 block is 32 registers a

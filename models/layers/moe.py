@@ -725,13 +725,31 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
           _ungroup_tokens(logits, b, s, groups_b, groups_s).reshape(b * s, -1))
 
 
+@jax.custom_vjp
 def _gate_logit(x: jax.Array, w: jax.Array) -> jax.Array:
-  """x . w [..., 1] in float32, the shared expert's gate: a weighted sum over the embedding,
-  not a matmul with one output column (a bfloat16 product is exact in float32, so this is the
-  matmul's float32 accumulation). XLA:GPU's Triton GEMM emitter fails on that one-column
-  matmul when it reads a layer's slice of an unrolled stack ("Reshape input and output shapes
-  must be the same, got 1x16 -> 16x8", jax 0.10.2); a reduction has no such tile."""
+  """x [..., embed] . w [embed] -> [..., 1] in float32, the shared expert's gate: a weighted
+  sum over the embedding, not a matmul with one output column (a bfloat16 product is exact in
+  float32, so this is the matmul's float32 accumulation). XLA:GPU's Triton GEMM emitter fails
+  on that one-column matmul when it reads a layer's slice of an unrolled stack ("Reshape input
+  and output shapes must be the same, got 1x16 -> 16x8", jax 0.10.2); a reduction has no such
+  tile. The gradient is written out so that the backward keeps x in its own dtype (autodiff
+  kept a float32 copy of it on CPU)."""
   return jnp.sum(x.astype(jnp.float32) * w.astype(jnp.float32), axis=-1, keepdims=True)
+
+
+def _gate_logit_fwd(x, w):
+  return _gate_logit(x, w), (x, w)
+
+
+def _gate_logit_bwd(res, g):
+  """dx = g w in x's dtype; dw = the sum over tokens of g x, in float32, then w's dtype."""
+  x, w = res
+  dx = (g * w.astype(jnp.float32)).astype(x.dtype)
+  dw = jnp.sum((g * x.astype(jnp.float32)).reshape(-1, x.shape[-1]), axis=0)
+  return dx, dw.astype(w.dtype)
+
+
+_gate_logit.defvjp(_gate_logit_fwd, _gate_logit_bwd)
 
 
 def forward(p, x, cfg: ModelConfig, layer=None):
