@@ -745,7 +745,9 @@ def _gate_logit_bwd(res, g):
   """dx = g w in x's dtype; dw = the sum over tokens of g x, in float32, then w's dtype."""
   x, w = res
   dx = (g * w.astype(jnp.float32)).astype(x.dtype)
-  dw = jnp.sum((g * x.astype(jnp.float32)).reshape(-1, x.shape[-1]), axis=0)
+  # Summed over the leading axes as they are: flattened, a row split by position would be
+  # gathered whole first (under context parallelism).
+  dw = jnp.sum(g * x.astype(jnp.float32), axis=tuple(range(x.ndim - 1)))
   return dx, dw.astype(w.dtype)
 
 
