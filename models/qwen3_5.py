@@ -155,10 +155,9 @@ def _block(p, x, positions, cfg: ModelConfig, layer_type: str, cache, lengths, m
   return x, router_logits, cache
 
 
-# `scan_unroll=-1` (auto) without remat unrolls models of at most this many layer cycles, on
-# a GPU up to `AUTO_UNROLL_CYCLES_GPU` (docs/model.md, "Layers are scanned").
-AUTO_UNROLL_CYCLES = 2
-AUTO_UNROLL_CYCLES_GPU = 4
+# `scan_unroll=-1` (auto) without remat unrolls models of at most this many layer cycles, per
+# backend (default 2; docs/model.md, "Layers are scanned").
+AUTO_UNROLL_CYCLES = {"gpu": 4, "cuda": 4, "rocm": 4}
 
 
 def scan_unroll(cfg: ModelConfig, backend: str | None = None) -> int:
@@ -166,21 +165,19 @@ def scan_unroll(cfg: ModelConfig, backend: str | None = None) -> int:
 
   The scan's backward copies every stacked residual into its slot of the stacked buffers (on
   CPU ~15% of the step at 4 x 1024 tokens, 2 cycles); unrolled, those copies go, but compile
-  time then grows with depth. Auto unrolls up to `AUTO_UNROLL_CYCLES` cycles, where the
-  unrolled program compiles no slower than the scanned one (measured on CPU, docs/model.md),
-  and scans one cycle a step beyond, keeping compile time flat in depth. On a GPU (`backend`,
-  default the platform traced for) up to `AUTO_UNROLL_CYCLES_GPU`: there the copies and the
-  scan's per-layer launches are a larger share of a step (the ~1B benchmark model's 3 cycles
-  ran faster unrolled on an H200). Under remat auto scans one cycle a step at any depth: the
-  loop is what keeps the recomputation in the backward pass; unrolled, XLA runs it beside the
-  forward and the step holds about what it would without remat (`_run_layers`; figures in
-  docs/model.md).
+  time then grows with depth. Auto unrolls up to `AUTO_UNROLL_CYCLES` cycles of `backend`
+  (default the platform traced for): 2 where the unrolled program compiles no slower than the
+  scanned one (measured on CPU, docs/model.md), and scans one cycle a step beyond, keeping
+  compile time flat in depth. On a GPU up to 4: there the copies and the scan's per-layer
+  launches are a larger share of a step (the ~1B benchmark model's 3 cycles ran faster
+  unrolled on an H200). Under remat auto scans one cycle a step at any depth: the loop is what
+  keeps the recomputation in the backward pass; unrolled, XLA runs it beside the forward and
+  the step holds about what it would without remat (`_run_layers`; figures in docs/model.md).
   """
   if cfg.scan_unroll == -1:
     if cfg.remat != "none":
       return 1
-    gpu = (backend or config_lib.platform()) in ("gpu", "cuda", "rocm")
-    limit = AUTO_UNROLL_CYCLES_GPU if gpu else AUTO_UNROLL_CYCLES
+    limit = AUTO_UNROLL_CYCLES.get(backend or config_lib.platform(), 2)
     return cfg.num_cycles if cfg.num_cycles <= limit else 1
   return cfg.scan_unroll or cfg.num_cycles
 
