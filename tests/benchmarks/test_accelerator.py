@@ -239,7 +239,7 @@ def test_an_engine_setting_reaches_decode_alone(tmp_path):
 
 
 def test_a_train_setting_reaches_the_train_step_alone(tmp_path):
-  """--versus=train.micro_batches=1 (fewer, larger micro-batches): the train step's second
+  """--versus=train.micro_batches=2 (fewer, larger micro-batches): the train step's second
   run has it in place of the size's, given once; the model step and decode never see it."""
   got = _parent(tmp_path, "--smoke", "--versus=train.micro_batches=2")
   calls = got["calls"]

@@ -11,15 +11,15 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _run(*args):
+def _run(*args, tokens=512, seq=128):
   p = subprocess.run(
       [sys.executable, os.path.join(ROOT, "benchmarks", "activation_memory.py"), "--size=smoke",
-       "--targets=cpu", "--tokens=512", "--seq=128", *args],
+       "--targets=cpu", f"--tokens={tokens}", f"--seq={seq}", *args],
       cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
       timeout=600)
   assert p.returncode == 0, p.stderr[-3000:]
   out = json.loads(p.stdout.strip().splitlines()[-1])
-  assert out["size"] == "smoke"
+  assert (out["size"], out["tokens"], out["seq"]) == ("smoke", tokens, seq)
   return out["targets"]["cpu"], p.stdout
 
 
@@ -81,7 +81,7 @@ def test_full_remat_of_a_two_cycle_model_keeps_what_the_plan_counts():
   """Under remat the layer scan stays a loop (auto, 2 cycles here): the recomputation waits
   for the backward pass, and the step holds about the plan's activations. Unrolled, as auto
   had it for models of <= 2 cycles, XLA ran it with the forward: 2.0x the plan."""
-  cpu, _ = _run("--parts=model", "--kept=false", "--remat=full", "--tokens=2048", "--seq=256",
-                "--set=model.num_hidden_layers=8")
+  cpu, _ = _run("--parts=model", "--kept=false", "--remat=full",
+                "--set=model.num_hidden_layers=8", tokens=2048, seq=256)
   ratio = cpu["parts"]["model"]["temp"] / cpu["plan"]["total"]
   assert 0.8 <= ratio <= 1.25, (ratio, cpu["plan"])
