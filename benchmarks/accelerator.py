@@ -131,11 +131,16 @@ def step_flags(fields: dict) -> dict:
   return {flag: fields[key] for flag, key in keys.items()}
 
 
-def model_config(size: dict, dtype: str = "bfloat16"):
-  """The ModelConfig of `size` (base defaults otherwise)."""
+def model_fields(size: dict, dtype: str = "bfloat16"):
+  """The model config (a ConfigDict) of `size`: base defaults, then the size's fields."""
   m = base.get_model_config()
   m.update(model_overrides(size, dtype))
-  return qwen3_5.config_from_dict(m)
+  return m
+
+
+def model_config(size: dict, dtype: str = "bfloat16"):
+  """The ModelConfig of `size` (base defaults otherwise)."""
+  return qwen3_5.config_from_dict(model_fields(size, dtype))
 
 
 def flops_per_token(cfg, seq: int) -> float:

@@ -47,7 +47,6 @@ import jax.numpy as jnp  # noqa: E402
 
 import accelerator  # noqa: E402  (a sibling: benchmarks/ is sys.path[0])
 import bench_overrides  # noqa: E402  (a sibling)
-from configs import base  # noqa: E402
 from models import aot  # noqa: E402
 from models import config as config_lib  # noqa: E402
 from models.config import GDN_SCANS  # noqa: E402
@@ -190,8 +189,7 @@ def size_config(size: str, remat: str, gdn_scan: str = GDN_SCANS[0], moe_dispatc
                 gdn_recompute: bool = True, sets=()):
   """The ModelConfig of accelerator.py's `size` in bfloat16 with these settings, then each
   "model.KEY=VALUE" of `sets` (any model field; an unknown key is an error)."""
-  m = base.get_model_config()
-  m.update(accelerator.model_overrides(accelerator.SIZES[size], "bfloat16"))
+  m = accelerator.model_fields(accelerator.SIZES[size], "bfloat16")
   m.update(remat=remat, gdn_scan=gdn_scan, moe_dispatch=moe_dispatch,
            gdn_recompute=gdn_recompute)
   for kv in sets:
