@@ -39,13 +39,16 @@ What `analyse` reports, per device:
               launches). A loop of unknown trip count counts two tests.
   traffic_bytes (GPU sense) the HBM bytes its kernels read and write: each launch's operands
               and results, or only the slices a fusion takes of an operand and the update it
-              writes in place; times the trip counts. Collectives are left out (links).
+              writes in place, or the parts of its operands a Triton kernel's loads read and
+              of its results its stores write (read from the kernel's IR, `triton_cost`);
+              times the trip counts. Collectives are left out (links).
   roofline_seconds each kernel at the slower of its dots' FLOPs at the device's matmul peak for
               their dtype and precision (`DeviceSpec.matmul_flops`: a float32 dot at
               `highest` runs on a GPU's CUDA cores, 1/15 of the bfloat16 peak) and its bytes
               at the HBM bandwidth, summed: an estimate, a floor for a GPU. It leaves out the
               gaps between launches (a few microseconds each where the host launches them)
-              and overlap, and counts a custom call's operands whole (`kernel_traffic`).
+              and overlap, and counts a cuBLAS or cuDNN call's operands whole
+              (`kernel_traffic`).
               A Triton kernel's matmuls, which the HLO does not show, are read from the
               kernel's own IR (`triton_cost`; at the precision it asks Triton for), and
               count in `flops` too.
@@ -507,12 +510,11 @@ def _fusion_traffic(ins: _Instr, body: list[_Instr], nbytes: dict) -> int:
 
 def kernel_traffic(ins: _Instr, comps: dict, nbytes: dict) -> int:
   """HBM bytes one launch of a kernel reads and writes (a roofline's memory side): fusions
-  as `_fusion_traffic`; a custom call (cuBLAS, cuDNN, Triton) its operands and results, less
-  the scratch (u8 / s8) buffers its result tuple carries: whole, so a kernel that reads part
-  of an operand is overcounted (the decode kernels handed every layer's stacked experts or
-  states and the layer's index count the stack, each layer); a copy or sort its operands and
-  results; a scatter its updates twice (read, written in place) and its indices. Collectives
-  and conditionals: 0 (links and the host, not HBM)."""
+  as `_fusion_traffic`; a Triton kernel as `_triton_traffic`; another custom call (cuBLAS,
+  cuDNN) its operands and results, less the scratch (u8 / s8) buffers its result tuple
+  carries, whole; a copy or sort its operands and results; a scatter its updates twice (read,
+  written in place) and its indices. Collectives and conditionals: 0 (links and the host, not
+  HBM)."""
   operands = _operand_names(ins.rest)
   if ins.op == "fusion":
     callee = dict(_callees(ins)).get("calls", "")
@@ -521,8 +523,30 @@ def kernel_traffic(ins: _Instr, comps: dict, nbytes: dict) -> int:
     return 2 * nbytes.get(operands[-1], 0) + sum(nbytes.get(o, 0) for o in operands[1:-1])
   if ins.op in ("custom-call", "copy", "sort"):
     out = [a for a in _arrays(ins.type_str) if a[0] not in ("u8", "s8")] or _arrays(ins.type_str)
-    return sum(nbytes.get(o, 0) for o in operands) + _bytes(out)
+    whole = [nbytes.get(o, 0) for o in operands], [_bytes([a]) for a in out]
+    if ins.op == "custom-call" and _call_target(ins) == triton_cost.TARGET:
+      return _triton_traffic(ins, *whole)
+    return sum(whole[0]) + sum(whole[1])
   return 0
+
+
+def _triton_traffic(ins: _Instr, operand_bytes: list, result_bytes: list) -> int:
+  """HBM bytes of one launch of a Triton kernel: of each operand, what its loads read (read
+  from the kernel's IR, `triton_cost.arg_bytes`) up to the operand's size, and of each result
+  what its stores write up to the result's size. So a kernel that reads part of an operand
+  (the decode kernels handed every layer's stacked states and the layer's index, the expert
+  matmul reading only its blocks' experts) counts that part, and one that reads a tile again
+  (flash attention's keys, once a query block) counts it once: the cache is taken to hold
+  what a launch reads twice. Loads of a result (a kernel reading back what it wrote) are left
+  out. Where the IR does not say (no IR, an access not traced to an argument, a count of
+  arguments that is not the operands' and results'), operands and results whole."""
+  moved = triton_cost.arg_bytes(ins.rest)
+  n = len(operand_bytes)
+  if moved is None or max((arg for arg, _ in moved), default=-1) >= n + len(result_bytes):
+    return sum(operand_bytes) + sum(result_bytes)
+  read = sum(min(b, moved.get((i, "load"), 0)) for i, b in enumerate(operand_bytes))
+  write = sum(min(b, moved.get((n + j, "store"), 0)) for j, b in enumerate(result_bytes))
+  return int(read + write)
 
 
 def _loop_trips(ins: _Instr, comps: dict, unknown: list) -> int:

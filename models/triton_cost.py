@@ -1,4 +1,4 @@
-"""The matmuls inside a Triton kernel XLA:GPU launches, read from the kernel's own IR.
+"""The matmuls and memory accesses inside a Triton kernel XLA:GPU launches, read from its own IR.
 
 A Pallas kernel reaches XLA:GPU as a `__gpu$xla.gpu.triton` custom call whose backend config
 carries the kernel's Triton IR (MLIR bytecode, escaped) and its grid; the HLO shows nothing of
@@ -6,7 +6,12 @@ the matmuls inside, so a roofline read from the HLO alone sees only the kernel's
 `dots(backend_config)` parses that IR (jaxlib's MLIR bindings, with its Triton dialect) and
 lists every `tt.dot` of one launch as (FLOPs, operand dtype, input precision): each dot's
 2 x M x N x K, summed over the grid's programs, each program's count times the trip counts of
-the `scf.for` loops around it.
+the `scf.for` loops around it. `arg_bytes(backend_config)` counts its memory side the same way:
+the bytes each kernel argument's `tt.load`s read and its `tt.store`s write in one launch (every tile a
+program loads or stores, times its loops' trip counts, summed over the grid), each access's
+pointer traced back through `tt.addptr`, `tt.splat`, `tt.broadcast` and `tt.expand_dims` to
+the argument it offsets. A kernel that reads part of an operand (a decode step's one layer of
+a stacked state, the experts its blocks hold) then counts that part, not the operand whole.
 
 A loop's bounds are evaluated for every program at once (numpy arrays over the grid): integer
 constants, the program's ids (`tt.get_program_id`) and the integer arithmetic between them
@@ -14,7 +19,8 @@ constants, the program's ids (`tt.get_program_id`) and the integer arithmetic be
 attention's loops, whose lengths follow the query block a program holds, count as they run.
 A select whose condition does not evaluate counts as its larger branch (an upper bound: every
 program counted as working); a bound that does not evaluate at all (read from memory, or a
-function of an enclosing loop's counter) counts the loop once, a lower bound.
+function of an enclosing loop's counter) counts the loop once, a lower bound. Masks and
+`scf.if` are not read: an access counts as made by every program that reaches it.
 """
 import functools
 import math
@@ -114,8 +120,39 @@ def _precision(dot) -> str:
   return found.group(1) if found else "tf32"
 
 
-def _walk(op, times, ids: tuple, found: list) -> None:
-  """Appends the dots under `op`, each program running them `times` (array over the grid)."""
+def _element_bytes(element_type) -> float:
+  """Bytes of one element of an MLIR scalar type (an i1 as a byte, as Triton stores it)."""
+  if isinstance(element_type, (ir.IntegerType, ir.FloatType)):   # the bindings downcast types
+    return max(element_type.width, 8) / 8
+  raise ValueError(f"unknown element type {element_type}")
+
+
+def _access_bytes(value_type) -> float:
+  """Bytes a load returns or a store writes: a tensor's elements, or one scalar."""
+  if isinstance(value_type, ir.RankedTensorType):
+    return math.prod(value_type.shape) * _element_bytes(value_type.element_type)
+  return _element_bytes(value_type)
+
+
+_POINTER_OPS = ("tt.addptr", "tt.splat", "tt.broadcast", "tt.expand_dims")
+
+
+def _argument(pointer):
+  """The number of the kernel argument a pointer (tensor) offsets, or None where it comes from
+  anything but `_POINTER_OPS` from an argument of the kernel's entry block."""
+  while not isinstance(pointer, ir.BlockArgument):
+    op = getattr(pointer.owner, "operation", None)
+    if op is None or op.name not in _POINTER_OPS:
+      return None
+    pointer = op.operands[0]
+  owner = pointer.owner.owner    # the block's parent operation
+  return pointer.arg_number if getattr(owner, "name", None) == "tt.func" else None
+
+
+def _walk(op, times, ids: tuple, found: list, moved: dict) -> None:
+  """Appends the dots under `op` to `found` and adds each memory access's bytes to `moved`
+  ((argument number, "load" | "store") -> bytes; argument None: an access not traced to an
+  argument), each program running them `times` (array over the grid)."""
   for region in op.regions:
     for block in region.blocks:
       for child in block.operations:
@@ -125,29 +162,50 @@ def _walk(op, times, ids: tuple, found: list) -> None:
           n = ir.RankedTensorType(child.operands[1].type).shape[-1]
           found.append((2.0 * math.prod(lhs.shape) * n * float(np.sum(times)),
                         str(lhs.element_type), _precision(child)))
+        elif child.name in ("tt.load", "tt.store"):
+          value = child.results[0] if child.name == "tt.load" else child.operands[1]
+          key = (_argument(child.operands[0]), child.name[3:])
+          moved[key] = moved.get(key, 0.0) + _access_bytes(value.type) * float(np.sum(times))
         inner = times * _trips(child, ids) if child.name == "scf.for" else times
-        _walk(child, inner, ids, found)
+        _walk(child, inner, ids, found, moved)
 
 
 def dots(backend_config: str) -> tuple:
   """((FLOPs, operand dtype, input precision), ...) of one launch of the Triton kernel whose
   backend config (the HLO custom call's `backend_config={...}` text) is given; () where it
   carries no IR."""
+  launch = _launch_of(backend_config)
+  return launch[0] if launch else ()
+
+
+def arg_bytes(backend_config: str):
+  """{(kernel argument number, "load" | "store"): bytes those accesses move in one launch} of
+  the Triton kernel whose backend config is given (Pallas numbers the arguments operands
+  first, then results); None where it carries no IR or an access's pointer does not trace to
+  an argument."""
+  launch = _launch_of(backend_config)
+  if not launch or any(arg is None for (arg, _), _ in launch[1]):
+    return None
+  return dict(launch[1])
+
+
+def _launch_of(backend_config: str):
   found = _IR.search(backend_config)
   if not found:
-    return ()
+    return None
   sizes = dict(_GRID.findall(backend_config))
-  return _launch_dots(found.group(1), tuple(int(sizes.get(a, 1)) for a in "xyz"))
+  return _launch(found.group(1), tuple(int(sizes.get(a, 1)) for a in "xyz"))
 
 
 # Keyed by what decides the count, so the launches of one kernel (its instructions differ in
 # names and metadata only) parse its IR once.
 @functools.lru_cache(maxsize=256)
-def _launch_dots(escaped_ir: str, grid: tuple) -> tuple:
+def _launch(escaped_ir: str, grid: tuple) -> tuple:
+  """(dots, (((argument number, "load" | "store"), bytes), ...)) of one launch."""
   ids = tuple(np.indices(grid, dtype=np.int64))
   with ir.Context() as ctx:
     triton.dialect.register_dialect(ctx)
     module = ir.Module.parse(_unescape(escaped_ir), ctx)
-    out = []
-    _walk(module.operation, np.ones(grid, np.int64), ids, out)
-  return tuple(out)
+    found, moved = [], {}
+    _walk(module.operation, np.ones(grid, np.int64), ids, found, moved)
+  return tuple(found), tuple(moved.items())

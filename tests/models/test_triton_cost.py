@@ -12,6 +12,7 @@ from models import config as config_lib
 from models import triton_cost
 from models.layers import flash_attention
 from models.layers import gdn_fused
+from models.layers import moe_fused
 
 CHUNKS, HEADS, C, D = 4, 2, 64, 128
 
@@ -79,3 +80,52 @@ def test_a_loop_whose_length_follows_the_program_counts_each_programs_own_trips(
   (dots,) = _kernel_dots(text)
   trips = sum(-(-bq * (i + 1) // bk) for i in range(t // bq)) * b * heads
   assert [f for f, _, _ in dots] == [2.0 * bq * d * bk * trips] * 2
+
+
+def _triton_launches(text: str):
+  """(parsed module, each Triton custom call of its entry computation)."""
+  m = aot._parsed(text)
+  return m, [i for i in m.comps[m.entry] if i.op == "custom-call"
+             and aot._call_target(i) == triton_cost.TARGET]
+
+
+def test_a_kernel_reading_one_layers_experts_of_a_stack_moves_those_not_the_stack():
+  """The expert matmul of a decode step (`moe_fused.block_matmul`) handed every layer's stacked
+  experts [layers, experts, d_in, d_out] and the layer's index, two blocks of one row: the
+  kernel reads the two matrices its blocks name, so its traffic counts those, not the 4 x 8
+  matrices of the stack (the roofline's bytes read from the kernel's loads)."""
+  layers, experts, d_in, d_out = 4, 8, 64, 128
+  device = aot.target_devices("h200:1x1")[0]
+  one = SingleDeviceSharding(device)
+  xs = jax.ShapeDtypeStruct((2, 1, d_in), jnp.bfloat16, sharding=one)
+  w = jax.ShapeDtypeStruct((layers, experts, d_in, d_out), jnp.bfloat16, sharding=one)
+  ids = jax.ShapeDtypeStruct((2,), jnp.int32, sharding=one)
+  with config_lib.compiling_for("gpu"):
+    text = jax.jit(lambda xs, w, ids: moe_fused.block_matmul(xs, w, ids, layer=2)).lower(
+        xs, w, ids).compile().as_text()
+  m, (call,) = _triton_launches(text)
+  matrix = d_in * d_out * 2
+  moved = triton_cost.arg_bytes(call.rest)
+  assert moved[(4, "load")] == 2 * matrix          # w: the kernel's fifth argument
+  small = 4 + 2 * 4 + 4 + 2 * d_in * 2 + 2 * d_out * 2   # layer, ids, used, xs; the result
+  assert aot.kernel_traffic(call, m.comps, m.nbytes) == small + 2 * matrix
+  whole = sum(m.nbytes[o] for o in aot._operand_names(call.rest))
+  assert whole >= layers * experts * matrix     # what the operands' sizes alone would count
+
+
+def test_a_tile_a_kernel_loads_again_counts_once():
+  """Causal flash attention's forward loads each key and value block once per query block at
+  or after it (its loads move more than the keys hold); the roofline counts each operand at
+  most whole (the cache holds what a launch reads again), as before the loads were read."""
+  b, t, heads, d = 1, 512, 2, 64
+  device = aot.target_devices("h200:1x1")[0]
+  args = [jax.ShapeDtypeStruct((b, t, heads, d), jnp.bfloat16,
+                               sharding=SingleDeviceSharding(device)) for _ in range(3)]
+  with config_lib.compiling_for("gpu"):
+    text = jax.jit(flash_attention.causal).lower(*args).compile().as_text()
+  m, (call,) = _triton_launches(text)
+  operands = [m.nbytes[o] for o in aot._operand_names(call.rest)]
+  moved = triton_cost.arg_bytes(call.rest)
+  assert max(moved.get((i, "load"), 0) for i in range(len(operands))) > max(operands)
+  results = aot._bytes(aot._arrays(call.type_str))
+  assert aot.kernel_traffic(call, m.comps, m.nbytes) == sum(operands) + results
