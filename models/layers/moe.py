@@ -108,11 +108,28 @@ def axes(cfg: ModelConfig) -> dict:
   return a
 
 
+# `top_k` ranks every expert against every other (one pass) up to this many comparisons,
+# tokens x experts^2: a decode step's tokens (the ~1B's 128 x 64^2, 35B-A3B's 256 x 256^2).
+# Above it XLA:GPU's compile of the comparison grew to minutes (95 s at 1,024 tokens x 256^2)
+# and XLA:CPU holds it whole, so a training step's tokens take k argmax passes.
+TOP_K_RANK_MAX = 2**24
+
+
 def top_k(probs, k: int):
-  """`jax.lax.top_k` over the last axis as k argmax passes: the same values and indices (in
-  descending order, ties to the lower index), without a sort. Compiled for a GPU without one
-  at hand, XLA:GPU emits its own sort kernels (no CUB), whose code generation took most of a
-  full-size step's compile; k passes over [tokens, experts] cost little beside the layer."""
+  """`jax.lax.top_k` over the last axis without a sort: the same values and indices (in
+  descending order, ties to the lower index). Compiled for a GPU without one at hand, XLA:GPU
+  emits its own sort kernels (no CUB), whose code generation took most of a full-size step's
+  compile. Up to `TOP_K_RANK_MAX` comparisons by rank (`_top_k_by_rank`: its passes are one
+  or two kernels where k argmax passes are ~k, which a decode step, made of launches, feels:
+  docs/results.md), else by k argmax passes (`_top_k_by_argmax`)."""
+  experts = probs.shape[-1]
+  if probs.size * experts <= TOP_K_RANK_MAX:
+    return _top_k_by_rank(probs, k)
+  return _top_k_by_argmax(probs, k)
+
+
+def _top_k_by_argmax(probs, k: int):
+  """k argmax passes, each masking the last one's pick: cheap beside the layer at any size."""
   vals, idxs = [], []
   rest = probs
   for _ in range(k):
@@ -121,6 +138,23 @@ def top_k(probs, k: int):
     idxs.append(i.astype(jnp.int32))
     rest = jnp.where(jnp.arange(probs.shape[-1]) == i[..., None], -jnp.inf, rest)
   return jnp.stack(vals, -1), jnp.stack(idxs, -1)
+
+
+def _top_k_by_rank(probs, k: int):
+  """Each expert's rank, the experts ahead of it (a larger value, or an equal one at a lower
+  index: a strict order, so the ranks are 0 .. E-1 once each), then the pick of rank r for r <
+  k: its value and index reduced over the experts with that rank (one each)."""
+  experts = probs.shape[-1]
+  idx = jnp.arange(experts, dtype=jnp.int32)
+  mine, other = probs[..., :, None], probs[..., None, :]
+  ahead = (other > mine) | ((other == mine) & (idx[None, :] < idx[:, None]))
+  rank = jnp.sum(ahead, axis=-1, dtype=jnp.int32)                       # [..., E]
+  picked = rank[..., None, :] == jnp.arange(k, dtype=jnp.int32)[:, None]  # [..., k, E]
+  vals = jnp.sum(jnp.where(picked, probs[..., None, :], 0), axis=-1)
+  # A max, not a sum: where a NaN (which compares false both ways) left a rank to none or
+  # several experts, the index is still one of them or 0.
+  ids = jnp.max(jnp.where(picked, idx, 0), axis=-1)
+  return vals.astype(probs.dtype), ids
 
 
 # `rank_in_group` counts this many one-hot entries (rows x groups) a step of its loop.

@@ -337,18 +337,57 @@ def test_expert_parallelism_is_chosen_where_the_gathered_tokens_cost_less_than_t
   assert not moe.expert_parallel(cfg("qwen3_5_397b_a17b", moe_expert_parallel="off"), 8, 640)
 
 
-@pytest.mark.parametrize("shape,k", [((300, 16), 3), ((2, 50, 64), 8), ((40, 8), 8)])
-def test_top_k_without_a_sort_equals_lax_top_k_ties_included(shape, k):
+@pytest.mark.parametrize("impl", ["_top_k_by_rank", "_top_k_by_argmax"])
+@pytest.mark.parametrize("shape,k,dtype", [((300, 16), 3, "float32"), ((2, 50, 64), 8, "float32"),
+                                           ((40, 8), 8, "float32"), ((6, 256), 8, "bfloat16")])
+def test_top_k_without_a_sort_equals_lax_top_k_ties_included(impl, shape, k, dtype):
   rng = np.random.default_rng(0)
   probs = jax.nn.softmax(jnp.asarray(rng.normal(size=shape), jnp.float32), axis=-1)
-  probs = probs.at[..., 5].set(probs[..., 2])                   # ties: the lower index first
-  vals, idx = moe.top_k(probs, k)
+  probs = probs.at[..., 5].set(probs[..., 2]).astype(dtype)    # ties: the lower index first
+  top_k = getattr(moe, impl)
+  vals, idx = top_k(probs, k)
   ref_vals, ref_idx = jax.lax.top_k(probs, k)
   np.testing.assert_array_equal(idx, ref_idx)
   np.testing.assert_array_equal(vals, ref_vals)
-  g = jax.grad(lambda p: jnp.sum(moe.top_k(p, k)[0] * jnp.arange(k)))(probs)
-  g_ref = jax.grad(lambda p: jnp.sum(jax.lax.top_k(p, k)[0] * jnp.arange(k)))(probs)
+  assert vals.dtype == probs.dtype and idx.dtype == jnp.int32
+  g = jax.grad(lambda p: jnp.sum(top_k(p, k)[0].astype(jnp.float32) * jnp.arange(k)))(probs)
+  g_ref = jax.grad(lambda p: jnp.sum(jax.lax.top_k(p, k)[0].astype(jnp.float32)
+                                     * jnp.arange(k)))(probs)
   np.testing.assert_array_equal(g, g_ref)
+
+
+def test_top_k_ranks_a_decode_steps_tokens_and_takes_argmax_passes_for_a_training_steps():
+  """`moe.top_k` by rank up to `TOP_K_RANK_MAX` comparisons (tokens x experts^2), so a decode
+  step's router is one pass; a training step's tokens take the argmax passes (the rank's
+  comparison at 16,384 x 256^2 would be held whole on XLA:CPU and compiled for minutes)."""
+  def argmaxes(shape):
+    jaxpr = jax.make_jaxpr(lambda p: moe.top_k(p, 8))(jax.ShapeDtypeStruct(shape, jnp.float32))
+    return str(jaxpr).count("argmax")
+  assert argmaxes((128, 256)) == 0
+  assert argmaxes((16_384, 256)) == 8
+
+
+def test_top_k_by_rank_gives_indices_in_range_when_a_probability_is_nan():
+  """A NaN compares false both ways, so ranks no longer number the experts once each: the
+  picks' indices stay experts' indices (a kernel reading an expert's matrix by it)."""
+  probs = jnp.full((3, 16), 1 / 16).at[0, 4].set(jnp.nan).at[1].set(jnp.nan)
+  _, idx = moe._top_k_by_rank(probs, 4)
+  assert bool(jnp.all((idx >= 0) & (idx < 16)))
+
+
+def test_a_decode_steps_router_is_fewer_kernels_by_rank_for_an_h200():
+  """The router's softmax and top-8 of 256 experts at 8 tokens, compiled for one H200 from this
+  CPU: by rank a few kernels, by argmax passes about one a pass (a decode step is launch-bound:
+  docs/results.md)."""
+  device = aot.target_devices("h200:1x1")[0]
+  p = jax.ShapeDtypeStruct((8, 256), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(device))
+
+  def kernels(top_k):
+    with config_lib.compiling_for("gpu"):
+      text = jax.jit(lambda p: top_k(jax.nn.softmax(p, axis=-1), 8)).lower(p).compile().as_text()
+    return aot.hlo_costs(text)["kernels"]
+  by_rank, by_argmax = kernels(moe._top_k_by_rank), kernels(moe._top_k_by_argmax)
+  assert by_rank <= 3 < 8 <= by_argmax
 
 
 @pytest.mark.parametrize("n,groups", [(1, 4), (1000, 7), (5000, 256)])
