@@ -6,11 +6,11 @@ the matmuls inside, so a roofline read from the HLO alone sees only the kernel's
 `dots(backend_config)` parses that IR (jaxlib's MLIR bindings, with its Triton dialect) and
 lists every `tt.dot` of one launch as (FLOPs, operand dtype, input precision): each dot's
 2 x M x N x K, summed over the grid's programs, each program's count times the trip counts of
-the `scf.for` loops around it. `arg_bytes(backend_config)` counts its memory side the same way:
-the bytes each kernel argument's `tt.load`s read and its `tt.store`s write in one launch (every tile a
-program loads or stores, times its loops' trip counts, summed over the grid), each access's
-pointer traced back through `tt.addptr`, `tt.splat`, `tt.broadcast` and `tt.expand_dims` to
-the argument it offsets. A kernel that reads part of an operand (a decode step's one layer of
+the `scf.for` loops around it. `arg_bytes(backend_config)` counts its memory side the same
+way: the bytes each kernel argument's `tt.load`s read and its `tt.store`s write in one launch
+(every tile a program loads or stores, times its loops' trip counts, summed over the grid),
+each access's pointer traced back through `tt.addptr`, `tt.splat`, `tt.broadcast` and
+`tt.expand_dims` to the argument it offsets. A kernel that reads part of an operand (a decode step's one layer of
 a stacked state, the experts its blocks hold) then counts that part, not the operand whole.
 
 A loop's bounds are evaluated for every program at once (numpy arrays over the grid): integer
@@ -120,18 +120,22 @@ def _precision(dot) -> str:
   return found.group(1) if found else "tf32"
 
 
-def _element_bytes(element_type) -> float:
-  """Bytes of one element of an MLIR scalar type (an i1 as a byte, as Triton stores it)."""
+def _element_bytes(element_type):
+  """Bytes of one element of an MLIR scalar type (an i1 as a byte, as Triton stores it); None
+  for another type (a pointer)."""
   if isinstance(element_type, (ir.IntegerType, ir.FloatType)):   # the bindings downcast types
     return max(element_type.width, 8) / 8
-  raise ValueError(f"unknown element type {element_type}")
+  return None
 
 
-def _access_bytes(value_type) -> float:
-  """Bytes a load returns or a store writes: a tensor's elements, or one scalar."""
-  if isinstance(value_type, ir.RankedTensorType):
-    return math.prod(value_type.shape) * _element_bytes(value_type.element_type)
-  return _element_bytes(value_type)
+def _access_bytes(value_type):
+  """Bytes a load returns or a store writes: a tensor's elements, or one scalar; None where
+  the element type is not a number's."""
+  tensor = isinstance(value_type, ir.RankedTensorType)
+  each = _element_bytes(value_type.element_type if tensor else value_type)
+  if each is None:
+    return None
+  return math.prod(value_type.shape) * each if tensor else each
 
 
 _POINTER_OPS = ("tt.addptr", "tt.splat", "tt.broadcast", "tt.expand_dims")
@@ -152,7 +156,8 @@ def _argument(pointer):
 def _walk(op, times, ids: tuple, found: list, moved: dict) -> None:
   """Appends the dots under `op` to `found` and adds each memory access's bytes to `moved`
   ((argument number, "load" | "store") -> bytes; argument None: an access not traced to an
-  argument), each program running them `times` (array over the grid)."""
+  argument, or of a type without a size here), each program running them `times` (array over
+  the grid)."""
   for region in op.regions:
     for block in region.blocks:
       for child in block.operations:
@@ -164,8 +169,10 @@ def _walk(op, times, ids: tuple, found: list, moved: dict) -> None:
                         str(lhs.element_type), _precision(child)))
         elif child.name in ("tt.load", "tt.store"):
           value = child.results[0] if child.name == "tt.load" else child.operands[1]
-          key = (_argument(child.operands[0]), child.name[3:])
-          moved[key] = moved.get(key, 0.0) + _access_bytes(value.type) * float(np.sum(times))
+          size = _access_bytes(value.type)
+          arg = _argument(child.operands[0]) if size is not None else None
+          key = (arg, child.name[3:])
+          moved[key] = moved.get(key, 0.0) + (size or 0.0) * float(np.sum(times))
         inner = times * _trips(child, ids) if child.name == "scf.for" else times
         _walk(child, inner, ids, found, moved)
 

@@ -119,9 +119,9 @@ def top_k(probs, k: int):
   """`jax.lax.top_k` over the last axis without a sort: the same values and indices (in
   descending order, ties to the lower index). Compiled for a GPU without one at hand, XLA:GPU
   emits its own sort kernels (no CUB), whose code generation took most of a full-size step's
-  compile. Up to `TOP_K_RANK_MAX` comparisons by rank (`_top_k_by_rank`: its passes are one
-  or two kernels where k argmax passes are ~k, which a decode step, made of launches, feels:
-  docs/results.md), else by k argmax passes (`_top_k_by_argmax`)."""
+  compile. Up to `TOP_K_RANK_MAX` comparisons by rank (`_top_k_by_rank`: a few kernels where
+  k argmax passes are about k, which a decode step, made of launches, feels: docs/results.md),
+  else by k argmax passes (`_top_k_by_argmax`)."""
   experts = probs.shape[-1]
   if probs.size * experts <= TOP_K_RANK_MAX:
     return _top_k_by_rank(probs, k)
