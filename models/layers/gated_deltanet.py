@@ -465,12 +465,21 @@ def _mix(p, qkv, z, beta_in, a, state, lengths, layer, cfg: ModelConfig, rule: s
     state = {"conv": jnp.zeros((b, kernel - 1, cfg.gdn_conv_dim), dt),
              "ssm": jnp.zeros((b, nv, dv, dk), jnp.float32)}
   z = z.reshape(b, t, nv, dv)
+  heads = ("batch", None, "activation_heads")
+  (q, k, v), conv_state, repeat = _conv_by_head(qkv, state["conv"], p["conv"], lengths, cfg)
+  if rule == "recurrent" and cfg.gdn_decode == "fused" and t == 1:
+    # One kernel from the conv's outputs to the gated norm (`gdn_fused.recurrent_step`): XLA
+    # ran the norms, the gates and the output norm as ~5 kernels a layer beside the update.
+    live = jnp.ones((b,), jnp.float32) if lengths is None else (lengths > 0).astype(jnp.float32)
+    out, ssm = gdn_fused.recurrent_step(
+        q[:, 0], k[:, 0], v[:, 0], z[:, 0], beta_in[:, 0], a[:, 0], live, p, state["ssm"],
+        layer, cfg.rms_norm_eps)
+    out = common.constrain(out[:, None], heads + (None,))
+    return out.reshape(b, t, nv * dv), conv_state, ssm
   beta = jax.nn.sigmoid(beta_in.astype(jnp.float32))
   a = a.astype(jnp.float32)
   g = -jnp.exp(p["A_log"].astype(jnp.float32)) * jax.nn.softplus(a + p["dt_bias"].astype(jnp.float32))
 
-  heads = ("batch", None, "activation_heads")
-  (q, k, v), conv_state, repeat = _conv_by_head(qkv, state["conv"], p["conv"], lengths, cfg)
   if lengths is not None:
     valid = (jnp.arange(t)[None, :] < lengths[:, None]).astype(jnp.float32)[..., None]
     g, beta = g * valid, beta * valid
@@ -487,10 +496,6 @@ def _mix(p, qkv, z, beta_in, a, state, lengths, layer, cfg: ModelConfig, rule: s
                                   chunk_size(cfg), cfg.gdn_backward, cfg.gdn_precision,
                                   cfg.gdn_scan, cfg.gdn_storage_dtype)
     ssm = jnp.swapaxes(ssm, -1, -2)
-  elif rule == "recurrent" and cfg.gdn_decode == "fused" and t == 1:
-    out, ssm = gdn_fused.recurrent_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0],
-                                        state["ssm"], layer)
-    out = out[:, None]
   elif rule == "recurrent":
     if layer is not None:
       raise ValueError("a stacked Gated DeltaNet state with a layer index is for one-token "

@@ -486,72 +486,102 @@ def ut_transform(k, v, g, beta, precision: str = "highest"):
   return _per_device(local, (k, v, g, beta), 2)
 
 
-# A decode step's recurrent update (`model.gdn_decode=fused`): rows of the state a program holds.
+# A decode step's Gated DeltaNet mixer after its conv (`model.gdn_decode=fused`): rows of the
+# state a program holds at a time.
 DECODE_BLOCK_V = 32
 
 
-def _decode_kernel(layer_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, s_ref, out_ref, s_out_ref,
-                   *, block_v: int):
-  """Program (row, head, j): the step on rows j*block_v.. of S^T ([d_v, d_k]), read once and
-  written once in place (`s_out_ref` is `s_ref`'s buffer)."""
-  b, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-  rows = pl.ds(j * block_v, block_v)
-  layer = layer_ref[0]
-  s = s_ref[layer, b, h, rows, :] * jnp.exp(g_ref[b, h])            # [block_v, d_k]
-  k, q = k_ref[...], q_ref[...]                                       # [d_k]
-  predicted = jnp.sum(s * k[None, :], axis=1)                         # [block_v]
-  s = s + ((v_ref[...] - predicted) * beta_ref[b, h])[:, None] * k[None, :]
-  out_ref[...] = jnp.sum(s * q[None, :], axis=1)
-  s_out_ref[layer, b, h, rows, :] = s
+def _decode_kernel(layer_ref, q_ref, k_ref, v_ref, z_ref, beta_ref, a_ref, live_ref, a_log_ref,
+                   dt_bias_ref, norm_ref, s_ref, out_ref, s_out_ref, *, block_v: int,
+                   group: int, eps: float):
+  """Program (row, value head): the token's mixer, from the conv's outputs to the gated norm.
+  The key (q, k: key head h // group) normalised, the gates from their projections, then the
+  state S^T ([d_v, d_k]) `block_v` rows at a time, each block read once and written once in
+  place (`s_out_ref` is `s_ref`'s buffer), and the output's gated RMS norm over all d_v, in
+  the dtypes and roundings of XLA's step (`gated_deltanet._mix`)."""
+  r, h = pl.program_id(0), pl.program_id(1)
+  layer, hk = layer_ref[0], h // group
+  unit = lambda x: x * jax.lax.rsqrt(jnp.sum(x * x) + 1e-6)        # gated_deltanet._l2norm
+  q = unit(_f32(q_ref[r, hk, :])) * (q_ref.shape[-1] ** -0.5)        # [d_k]
+  k = unit(_f32(k_ref[r, hk, :]))
+  live = live_ref[r]
+  beta = live / (1.0 + jnp.exp(-_f32(beta_ref[r, h])))               # sigmoid
+  x = _f32(a_ref[r, h]) + _f32(dt_bias_ref[h])
+  softplus = jnp.maximum(x, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(x)))
+  decay = jnp.exp(-jnp.exp(_f32(a_log_ref[h])) * softplus * live)
+  outs = []
+  for j in range(v_ref.shape[-1] // block_v):
+    rows = pl.ds(j * block_v, block_v)
+    s = s_ref[layer, r, h, rows, :] * decay                           # [block_v, d_k]
+    predicted = jnp.sum(s * k[None, :], axis=1)                       # [block_v]
+    s = s + ((_f32(v_ref[r, h, rows]) - predicted) * beta)[:, None] * k[None, :]
+    s_out_ref[layer, r, h, rows, :] = s
+    outs.append(jnp.sum(s * q[None, :], axis=1).astype(out_ref.dtype).astype(jnp.float32))
+  # norm.gated_rms_norm: normalised in float32, rounded, scaled in the activation dtype, gated.
+  dt = out_ref.dtype
+  inv = jax.lax.rsqrt(sum(jnp.sum(o * o) for o in outs) / v_ref.shape[-1] + eps)
+  for j, o in enumerate(outs):
+    rows = pl.ds(j * block_v, block_v)
+    normed = (_f32(norm_ref[rows].astype(dt)) * _f32((o * inv).astype(dt))).astype(dt)
+    gate = _f32(z_ref[r, h, rows])
+    out_ref[r, h, rows] = (_f32(normed) * (gate / (1.0 + jnp.exp(-gate)))).astype(dt)
 
 
-def _decode_local(q, k, v, g, beta, state, layer, interpret: bool):
+def _decode_local(q, k, v, z, beta, a, live, a_log, dt_bias, norm_w, state, layer, eps: float,
+                  interpret: bool):
   """`recurrent_step` on one device's rows and heads (state stacked [L, b, h, d_v, d_k])."""
   b, h, dv = v.shape
   block_v = min(DECODE_BLOCK_V, dv)
-  vec = lambda d: pl.BlockSpec((None, None, d), lambda r, hh, j: (r, hh, 0))
+  kernel = functools.partial(_decode_kernel, block_v=block_v, group=h // q.shape[1], eps=eps)
+  whole = pl.no_block_spec
   out, state = pl.pallas_call(
-      functools.partial(_decode_kernel, block_v=block_v), grid=(b, h, dv // block_v),
-      in_specs=[pl.no_block_spec, vec(q.shape[-1]), vec(k.shape[-1]),
-                pl.BlockSpec((None, None, block_v), lambda r, hh, j: (r, hh, j)),
-                pl.no_block_spec, pl.no_block_spec, pl.no_block_spec],
-      out_specs=[pl.BlockSpec((None, None, block_v), lambda r, hh, j: (r, hh, j)),
-                 pl.no_block_spec],
-      out_shape=[jax.ShapeDtypeStruct(v.shape, jnp.float32),
+      kernel, grid=(b, h), in_specs=[whole] * 12, out_specs=[whole, whole],
+      out_shape=[jax.ShapeDtypeStruct(v.shape, v.dtype),
                  jax.ShapeDtypeStruct(state.shape, state.dtype)],
-      input_output_aliases={6: 1}, interpret=interpret,
+      input_output_aliases={11: 1}, interpret=interpret,
       compiler_params=None if interpret else pl_triton.CompilerParams(num_warps=NUM_WARPS,
                                                                       num_stages=1),
-  )(layer, q, k, v, g, beta, state)
+  )(layer, q, k, v, z, beta, a, live, a_log, dt_bias, norm_w, state)
   return out, state
 
 
-def recurrent_step(q, k, v, g, beta, state, layer=None):
-  """One token of the delta rule (`gated_deltanet.recurrent_delta_rule` with t = 1), one kernel:
-  each program reads its block of the state once, decays it, updates it with the token's
-  key and value and reads the output from it, and writes it back in place.
+def recurrent_step(q, k, v, z, beta_in, a, live, params, state, layer=None, eps: float = 1e-6):
+  """One token of a Gated DeltaNet layer's mixer after its conv, one kernel: what
+  `gated_deltanet._mix` does there with XLA's kernels (q and k normalised and q scaled, the
+  gates beta = sigmoid(b) and g = -exp(A_log) softplus(a + dt_bias), the delta rule's step
+  `recurrent_delta_rule` with t = 1, the output's `norm.gated_rms_norm` by z). Each program
+  reads its (row, head)'s state once, updates it with the token's key and value, reads the
+  output from it and writes it back in place.
 
   Args:
-    q, k: [batch, heads, d_k] float32 (normalised, q scaled, repeated to the value heads);
-    v: [batch, heads, d_v]; g, beta: [batch, heads] the log decay and the write strength.
+    q, k: [batch, key heads, d_k] the conv's outputs (value head i reads key head i // (value
+      heads / key heads)); v, z: [batch, heads, d_v] the conv's v and the gate projection, in
+      the activation dtype; beta_in, a: [batch, heads] the gates' projections; live: [batch]
+      float32, 1 for a row that takes the token and 0 for one whose state stays (g = beta = 0).
+    params: the layer's {"A_log": [heads], "dt_bias": [heads], "norm": [d_v]}.
     state: [batch, heads, d_v, d_k] float32 (S transposed, the cache's layout), or every
       layer's stacked [L, batch, heads, d_v, d_k] with `layer` (int32) the one to update.
   Returns:
-    (out [batch, heads, d_v] float32, the state, stacked if it came stacked, updated in place).
+    (out [batch, heads, d_v] in v's dtype, gated and normed; the state, stacked if it came
+    stacked, updated in place).
   """
   interpret = common.triton_interpret("gdn_decode=fused", "xla")
   dv, dk = state.shape[-2:]
   if not interpret:
     common.check_triton_dims("gdn_decode=fused", (
         ("linear_key_head_dim", dk),
-        ("the value block, min(DECODE_BLOCK_V, linear_value_head_dim)", min(DECODE_BLOCK_V, dv))))
+        ("the value block, min(DECODE_BLOCK_V, linear_value_head_dim)", min(DECODE_BLOCK_V, dv)),
+        ("linear_value_head_dim", dv)))
   stacked = layer is not None
   if not stacked:
     state, layer = state[None], 0
   layer = jnp.asarray(layer, jnp.int32).reshape(1)
-  f32 = lambda *a: tuple(x.astype(jnp.float32) for x in a)
-  q, k, v, g, beta = f32(q, k, v, g, beta)
-  local = functools.partial(_decode_local, interpret=interpret)
-  out, state = common.per_device(local, (q, k, v, g, beta, state, layer),
-                                 (_ROWS_HEADS,) * 5 + (_STACKED, ()), (_ROWS_HEADS, _STACKED))
+  live = jnp.asarray(live, jnp.float32)
+  local = functools.partial(_decode_local, eps=eps, interpret=interpret)
+  heads = ("activation_heads",)
+  out, state = common.per_device(
+      local, (q, k, v, z, beta_in, a, live, params["A_log"], params["dt_bias"], params["norm"],
+              state, layer),
+      (_ROWS_HEADS,) * 6 + (("batch",), heads, heads, (), _STACKED, ()),
+      (_ROWS_HEADS, _STACKED))
   return out, (state if stacked else state[0])

@@ -444,9 +444,10 @@ def blocked_expert_mlp(p, xs, block_expert, cfg: ModelConfig, used_blocks=None, 
   if layer is not None:
     if not fused:
       raise ValueError("stacked experts with a layer index are for moe_dispatch=blocked_fused")
-    mm = lambda a, w: moe_fused.block_matmul(a, w, block_expert, used_blocks, layer)
-  else:
-    mm = lambda a, w: _expert_matmul(a, w.astype(dt), block_expert, step, fused, used_blocks)
+    # Inference: gate, up and their product in one kernel (two fewer launches a layer).
+    act = moe_fused.block_swiglu(xs, p["wi_gate"], p["wi_up"], block_expert, used_blocks, layer)
+    return moe_fused.block_matmul(act, p["wo"], block_expert, used_blocks, layer)
+  mm = lambda a, w: _expert_matmul(a, w.astype(dt), block_expert, step, fused, used_blocks)
   gate, up = mm(xs, p["wi_gate"]), mm(xs, p["wi_up"])         # [blocks, block, expert_mlp]
   act = common.constrain(jax.nn.silu(gate) * up, (None, None, "expert_mlp"))
   return mm(act, p["wo"])

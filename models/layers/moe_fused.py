@@ -52,36 +52,57 @@ def _tile(dim: int, most: int) -> int:
   return t
 
 
-def _kernel(layer_ref, expert_ref, used_ref, x_ref, w_ref, o_ref, *, tile_in: int,
-            tile_out: int, d_in: int, transpose: bool):
-  """Program (block, j): o [rows, tile_out] = x [rows, d_in] @ w[layer, expert, :, j-th tile]
-  (`transpose`: @ w[layer, expert, j-th tile, :]^T)."""
+def _product(x, w, transpose: bool):
+  """x [rows, tile_in] @ w [tile_in, tile_out] (`transpose`: @ w [tile_out, tile_in]^T) in
+  float32; w cast to x's dtype first."""
+  w = w.astype(x.dtype)
+  if x.shape[0] == 1:
+    # One row (a decode step's pair): products and a sum, as Triton's dot takes >= 16 rows.
+    x32, w32 = x[0].astype(jnp.float32), w.astype(jnp.float32)
+    return (jnp.sum(x32[None, :] * w32, axis=1) if transpose
+            else jnp.sum(x32[:, None] * w32, axis=0))[None, :]
+  if transpose:
+    return jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+  return jnp.dot(x, w, preferred_element_type=jnp.float32)
+
+
+def _walk(layer_ref, expert_ref, used_ref, x_ref, w_refs, shape, *, tile_in: int,
+          tile_out: int, d_in: int, transpose: bool):
+  """Program (block, j)'s float32 products x [rows, d_in] @ w[layer, expert, :, j-th tile] of
+  each of `w_refs` (`transpose`: @ w[layer, expert, j-th tile, :]^T), walking d_in in tiles;
+  zeros for a padding block or one of expert -1, read from nothing."""
   block, j = pl.program_id(0), pl.program_id(1)
   layer, expert = layer_ref[0], expert_ref[block]
   live = (block < used_ref[0]) & (expert >= 0)
   steps = jnp.where(live, jnp.int32(d_in // tile_in), jnp.int32(0))
   expert = jnp.maximum(expert, 0)
+  out_tile, in_tile = pl.ds(j * tile_out, tile_out), lambda i: pl.ds(i * tile_in, tile_in)
 
-  def step(i, acc):
-    x = x_ref[:, pl.ds(i * tile_in, tile_in)]
-    if transpose:
-      w = w_ref[layer, expert, pl.ds(j * tile_out, tile_out), pl.ds(i * tile_in, tile_in)]
-    else:
-      w = w_ref[layer, expert, pl.ds(i * tile_in, tile_in), pl.ds(j * tile_out, tile_out)]
-    w = w.astype(x.dtype)
-    if x.shape[0] == 1:
-      # One row (a decode step's pair): products and a sum, as Triton's dot takes >= 16 rows.
-      x32, w32 = x[0].astype(jnp.float32), w.astype(jnp.float32)
-      xw = (jnp.sum(x32[None, :] * w32, axis=1) if transpose
-            else jnp.sum(x32[:, None] * w32, axis=0))[None, :]
-    elif transpose:
-      xw = jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    else:
-      xw = jnp.dot(x, w, preferred_element_type=jnp.float32)
-    return acc + xw
+  def step(i, accs):
+    x = x_ref[:, in_tile(i)]
+    ws = [w_ref[layer, expert, out_tile, in_tile(i)] if transpose
+          else w_ref[layer, expert, in_tile(i), out_tile] for w_ref in w_refs]
+    return tuple(acc + _product(x, w, transpose) for acc, w in zip(accs, ws))
 
-  acc = jax.lax.fori_loop(0, steps, step, jnp.zeros(o_ref.shape, jnp.float32))
+  zeros = tuple(jnp.zeros(shape, jnp.float32) for _ in w_refs)
+  return jax.lax.fori_loop(0, steps, step, zeros)
+
+
+def _kernel(layer_ref, expert_ref, used_ref, x_ref, w_ref, o_ref, **walk):
+  """Program (block, j): o [rows, tile_out] = x [rows, d_in] @ w[layer, expert, :, j-th tile]
+  (`transpose`: @ w[layer, expert, j-th tile, :]^T)."""
+  (acc,) = _walk(layer_ref, expert_ref, used_ref, x_ref, (w_ref,), o_ref.shape, **walk)
   o_ref[...] = acc.astype(o_ref.dtype)
+
+
+def _swiglu_kernel(layer_ref, expert_ref, used_ref, x_ref, wg_ref, wu_ref, o_ref, **walk):
+  """Program (block, j): o = silu(x @ wg) * (x @ wu) on the j-th tile of the expert's hidden
+  units, both products rounded to o's dtype first as XLA's separate matmuls store them."""
+  gate, up = _walk(layer_ref, expert_ref, used_ref, x_ref, (wg_ref, wu_ref), o_ref.shape, **walk)
+  dt = o_ref.dtype
+  gate, up = (a.astype(dt).astype(jnp.float32) for a in (gate, up))
+  act = (gate / (1.0 + jnp.exp(-gate))).astype(dt).astype(jnp.float32)
+  o_ref[...] = (act * up).astype(dt)
 
 
 def _tiles(d_in: int, d_out: int, interpret: bool) -> tuple[int, int]:
@@ -107,32 +128,49 @@ def _used(used_blocks, blocks: int):
   return jnp.asarray(blocks if used_blocks is None else used_blocks, jnp.int32).reshape(1)
 
 
+def _blocks_call(kernel, xs, ws, block_expert, used_blocks, layer, d_out: int,
+                 transpose: bool = False):
+  """`kernel` (`_kernel` or `_swiglu_kernel`) over xs [blocks, rows, d_in] and the weights
+  `ws` (every layer's [layers, experts, ...] with `layer`, else one layer's), one program per
+  (block, tile of d_out): [blocks, rows, d_out] in xs's dtype."""
+  interpret = common.triton_interpret("moe_dispatch=blocked_fused", "gmm or blocked")
+  if layer is None:
+    ws, layer = [w[None] for w in ws], 0
+  blocks, rows, d_in = xs.shape
+  tile_in, tile_out = _tiles(d_in, d_out, interpret)
+  padded = rows if rows == 1 else max(TRITON_ROWS, rows)
+  kernel = functools.partial(kernel, tile_in=tile_in, tile_out=tile_out, d_in=d_in,
+                             transpose=transpose)
+  out = pl.pallas_call(
+      kernel, grid=(blocks, d_out // tile_out),
+      in_specs=[pl.no_block_spec, pl.no_block_spec, pl.no_block_spec,
+                pl.BlockSpec((None, padded, d_in), lambda b, j: (b, 0, 0)),
+                *[pl.no_block_spec] * len(ws)],    # w: the kernel indexes its expert itself
+      out_specs=pl.BlockSpec((None, padded, tile_out), lambda b, j: (b, 0, j)),
+      out_shape=jax.ShapeDtypeStruct((blocks, padded, d_out), xs.dtype),
+      interpret=interpret, compiler_params=_compiler_params(interpret),
+  )(jnp.asarray(layer, jnp.int32).reshape(1), block_expert.astype(jnp.int32),
+    _used(used_blocks, blocks), _pad_rows(xs, padded), *ws)
+  return out[:, :rows]
+
+
 def block_matmul(xs, w, block_expert, used_blocks=None, layer=None, transpose=False):
   """xs [blocks, rows, d_in] @ w[block_expert] (w [experts, d_in, d_out], or every layer's
   [layers, experts, d_in, d_out] with `layer` its index) -> [blocks, rows, d_out] in xs's dtype
   (w's tiles are cast to it); blocks from `used_blocks` on (a traced count; None: none), and
   blocks whose expert is negative, are zeros, read nothing. `transpose`: xs @ w[block_expert]^T,
   w [experts, d_out, d_in] (the input gradient)."""
-  interpret = common.triton_interpret("moe_dispatch=blocked_fused", "gmm or blocked")
-  if layer is None:
-    w, layer = w[None], 0
-  blocks, rows, d_in = xs.shape
   d_out = w.shape[-2] if transpose else w.shape[-1]
-  tile_in, tile_out = _tiles(d_in, d_out, interpret)
-  padded = rows if rows == 1 else max(TRITON_ROWS, rows)
-  kernel = functools.partial(_kernel, tile_in=tile_in, tile_out=tile_out, d_in=d_in,
-                             transpose=transpose)
-  out = pl.pallas_call(
-      kernel, grid=(blocks, d_out // tile_out),
-      in_specs=[pl.no_block_spec, pl.no_block_spec, pl.no_block_spec,
-                pl.BlockSpec((None, padded, d_in), lambda b, j: (b, 0, 0)),
-                pl.no_block_spec],                 # w: the kernel indexes its expert itself
-      out_specs=pl.BlockSpec((None, padded, tile_out), lambda b, j: (b, 0, j)),
-      out_shape=jax.ShapeDtypeStruct((blocks, padded, d_out), xs.dtype),
-      interpret=interpret, compiler_params=_compiler_params(interpret),
-  )(jnp.asarray(layer, jnp.int32).reshape(1), block_expert.astype(jnp.int32),
-    _used(used_blocks, blocks), _pad_rows(xs, padded), w)
-  return out[:, :rows]
+  return _blocks_call(_kernel, xs, [w], block_expert, used_blocks, layer, d_out, transpose)
+
+
+def block_swiglu(xs, w_gate, w_up, block_expert, used_blocks=None, layer=None):
+  """silu(xs @ w_gate[block_expert]) * (xs @ w_up[block_expert]) in one kernel (inference: no
+  gradient is defined), where `block_matmul` twice and XLA's product are three kernels and
+  write both products: xs [blocks, rows, d_in], the weights as `block_matmul`'s ->
+  [blocks, rows, d_ff] in xs's dtype, with the roundings of the three."""
+  return _blocks_call(_swiglu_kernel, xs, [w_gate, w_up], block_expert, used_blocks, layer,
+                      w_gate.shape[-1])
 
 
 def _wgrad_kernel(start_ref, end_ref, x_ref, dy_ref, o_ref, *, tile_in: int, tile_out: int):

@@ -15,6 +15,7 @@ from models import qwen3_5
 from models import sharding
 from models.layers import gated_deltanet
 from models.layers import gdn_fused
+from models.layers import norm
 
 from tests.models import kernel_checks
 from tests.models.layers.test_gated_deltanet import _assert_rules_agree, _decay_grad, _inputs
@@ -170,50 +171,77 @@ def test_shapes_triton_cannot_tile_are_a_clear_error_on_gpu():
     gated_deltanet.chunked_delta_rule(q, k, v, a, beta, s0, 8, "custom", "highest", "fused")
 
 
-def _decode_inputs(layers=3, rows=4, heads=4, dk=32, dv=64, seed=0):
-  """One token's q, k [rows, heads, dk], v [rows, heads, dv], g, beta [rows, heads] and a
-  stacked state [layers, rows, heads, dv, dk] (S transposed, as the cache holds it)."""
+def _decode_inputs(layers=3, rows=4, key_heads=2, heads=4, dk=32, dv=64, seed=0,
+                   dtype=jnp.bfloat16):
+  """One token's mixer inputs after the conv: q, k [rows, key_heads, dk], v, z [rows, heads,
+  dv], beta_in, a [rows, heads] (in `dtype`), live [rows] (row 1 not live), the layer's
+  {"A_log", "dt_bias", "norm"} and a stacked state [layers, rows, heads, dv, dk] (S
+  transposed, as the cache holds it)."""
   rng = np.random.default_rng(seed)
   f = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
-  q, k = f(rows, heads, dk) * 0.2, f(rows, heads, dk) * 0.2
-  g, beta = -jnp.abs(f(rows, heads)), jax.nn.sigmoid(f(rows, heads))
-  return q, k, f(rows, heads, dv), g, beta, f(layers, rows, heads, dv, dk)
+  cast = lambda x: x.astype(dtype)
+  live = jnp.ones((rows,), jnp.float32).at[1].set(0.0)
+  params = {"A_log": f(heads) * 0.5, "dt_bias": f(heads), "norm": 1.0 + 0.1 * f(dv)}
+  return (cast(f(rows, key_heads, dk)), cast(f(rows, key_heads, dk)), cast(f(rows, heads, dv)),
+          cast(f(rows, heads, dv)), cast(f(rows, heads)), cast(f(rows, heads)), live, params,
+          f(layers, rows, heads, dv, dk) * 0.1)
 
 
-def test_the_fused_decode_step_gives_the_recurrent_rules_values():
-  """`gdn_fused.recurrent_step` (model.gdn_decode=fused): each layer of a stacked state updated
-  in place (the others untouched) and an unstacked one, as `recurrent_delta_rule` one token."""
-  q, k, v, g, beta, states = _decode_inputs()
+def _xla_decode(q, k, v, z, beta_in, a, live, params, state, eps=1e-6):
+  """The same token through XLA's ops, as `gated_deltanet._mix` runs it with gdn_decode=xla:
+  (out [rows, heads, dv] in v's dtype, the new state)."""
+  group = v.shape[1] // q.shape[1]
+  dk = q.shape[-1]
+  f32 = lambda x: x.astype(jnp.float32)
+  beta = jax.nn.sigmoid(f32(beta_in)) * live[:, None]
+  g = -jnp.exp(params["A_log"]) * jax.nn.softplus(f32(a) + params["dt_bias"]) * live[:, None]
+  q = jnp.repeat(gated_deltanet._l2norm(f32(q)), group, axis=1) * dk ** -0.5
+  k = jnp.repeat(gated_deltanet._l2norm(f32(k)), group, axis=1)
+  out, state = gated_deltanet.recurrent_delta_rule(
+      q[:, None], k[:, None], f32(v)[:, None], g[:, None], beta[:, None], state)
+  return norm.gated_rms_norm(out[:, 0].astype(v.dtype), z, params["norm"], eps), state
+
+
+def test_the_fused_decode_step_gives_xlas_mixer_values():
+  """`gdn_fused.recurrent_step` (model.gdn_decode=fused), the mixer after the conv in one
+  kernel: each layer of a stacked state updated in place (the others untouched), and an
+  unstacked one, with the values of XLA's ops (the norms, the gates, the delta rule's step, the
+  gated output norm); a row that is not live keeps its state."""
+  *inputs, states = _decode_inputs()
   step = jax.jit(gdn_fused.recurrent_step)
   for layer in (0, 2):
-    want_out, want_s = gated_deltanet.recurrent_delta_rule(
-        q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], states[layer])
-    out, new = step(q, k, v, g, beta, states, jnp.int32(layer))
-    np.testing.assert_allclose(out, want_out[:, 0], atol=1e-5 * float(jnp.abs(want_out).max()))
+    want_out, want_s = _xla_decode(*inputs, states[layer])
+    out, new = step(*inputs, states, jnp.int32(layer))
+    assert out.dtype == jnp.bfloat16
+    # One bfloat16 rounding apart at most (the output is rounded twice on the way, as XLA's).
+    np.testing.assert_allclose(np.float32(out), np.float32(want_out),
+                               atol=2 ** -7 * float(jnp.abs(want_out.astype(jnp.float32)).max()))
     np.testing.assert_allclose(new[layer], want_s, atol=1e-5 * float(jnp.abs(want_s).max()))
+    np.testing.assert_array_equal(new[layer, 1], states[layer, 1])
     others = [i for i in range(3) if i != layer]
     np.testing.assert_array_equal(new[np.asarray(others)], states[np.asarray(others)])
-  out, new = step(q, k, v, g, beta, states[1])
-  want_out, want_s = gated_deltanet.recurrent_delta_rule(
-      q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], states[1])
-  np.testing.assert_allclose(out, want_out[:, 0], atol=1e-5 * float(jnp.abs(want_out).max()))
+  out, new = step(*inputs, states[1])
+  want_out, want_s = _xla_decode(*inputs, states[1])
+  np.testing.assert_allclose(np.float32(out), np.float32(want_out),
+                             atol=2 ** -7 * float(jnp.abs(want_out.astype(jnp.float32)).max()))
   np.testing.assert_allclose(new, want_s, atol=1e-5 * float(jnp.abs(want_s).max()))
 
 
 def test_the_fused_decode_step_on_a_mesh_equals_one_device():
-  """On 8 CPU devices, rows split 2 ways and heads 2 ways (`jax.shard_map`), the values and the
-  updated stack are one device's."""
-  args = _decode_inputs(rows=4, heads=4)
-  one = jax.jit(gdn_fused.recurrent_step)(*args, jnp.int32(1))
+  """On 8 CPU devices, rows split 2 ways and heads 2 ways (`jax.shard_map`; each device's value
+  heads read its own key heads), the values and the updated stack are one device's."""
+  *inputs, params, states = _decode_inputs(rows=4)
+  one = jax.jit(gdn_fused.recurrent_step)(*inputs, params, states, jnp.int32(1))
   mesh, rules, place = kernel_checks.mesh_2x2x1x2()
-  axes = (("batch", "activation_heads", None),) * 3 + (("batch", "activation_heads"),) * 2 + (
-      (None, "batch", "activation_heads", None, None),)
+  rows_heads = ("batch", "activation_heads", None)
+  axes = (rows_heads,) * 4 + (("batch", "activation_heads"),) * 2 + (("batch",),)
   with sharding.use_mesh(mesh, rules):
-    placed = [place(x, a) for x, a in zip(args, axes)]
-    assert placed[-1].sharding.shard_shape(args[-1].shape)[1:3] != args[-1].shape[1:3]
-    on_mesh = jax.jit(gdn_fused.recurrent_step)(*placed, jnp.int32(1))
+    placed = [place(x, a) for x, a in zip(inputs, axes)]
+    placed_states = place(states, (None, "batch", "activation_heads", None, None))
+    assert placed_states.sharding.shard_shape(states.shape)[1:3] != states.shape[1:3]
+    on_mesh = jax.jit(gdn_fused.recurrent_step)(*placed, params, placed_states, jnp.int32(1))
   for a, b in zip(on_mesh, one):
-    np.testing.assert_allclose(a, b, atol=1e-6)
+    np.testing.assert_allclose(np.float32(a), np.float32(b), atol=1e-6)
 
 
 def test_a_model_decodes_with_the_fused_state_update_as_with_xla():
@@ -228,8 +256,8 @@ def test_a_model_decodes_with_the_fused_state_update_as_with_xla():
 
 
 def test_the_fused_decode_step_names_its_setting_on_tpu_and_shapes_triton_cannot_tile():
-  q, k, v, g, beta, states = _decode_inputs(dk=24)
+  *inputs, states = _decode_inputs(dk=24)
   with config_lib.compiling_for("tpu"), pytest.raises(ValueError, match="gdn_decode=fused"):
-    gdn_fused.recurrent_step(q, k, v, g, beta, states, 0)
+    gdn_fused.recurrent_step(*inputs, states, 0)
   with config_lib.compiling_for("gpu"), pytest.raises(ValueError, match="linear_key_head_dim"):
-    gdn_fused.recurrent_step(q, k, v, g, beta, states, 0)
+    gdn_fused.recurrent_step(*inputs, states, 0)

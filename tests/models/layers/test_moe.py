@@ -462,6 +462,29 @@ def test_the_fused_matmul_reads_one_layer_of_stacked_experts_and_skips_unused_bl
   assert not np.any(np.asarray(got[4:]))
 
 
+@pytest.mark.parametrize("rows", [1, 4])
+def test_the_fused_swiglu_is_xlas_three_ops_on_one_layer_of_stacked_experts(rows):
+  """`moe_fused.block_swiglu` (a decode step's gate and up with their product, one kernel) on
+  every layer's experts with a layer index: silu(xs @ w_gate) * (xs @ w_up) of that layer's
+  matrices in bfloat16, each product rounded as XLA's separate matmuls store it, for one-row
+  blocks (a decode step's pairs) and blocks of rows; blocks from `used_blocks` on and of expert
+  -1 are zeros."""
+  rng = np.random.default_rng(5)
+  bf = lambda *s: jnp.asarray(rng.standard_normal(s) * 0.2, jnp.bfloat16)
+  w_gate, w_up, xs = bf(3, 5, 64, 32), bf(3, 5, 64, 32), bf(6, rows, 64)
+  block_expert = jnp.asarray([0, 1, -1, 3, 4, 4], jnp.int32)
+  got = jax.jit(moe_fused.block_swiglu)(xs, w_gate, w_up, block_expert, jnp.int32(5),
+                                        jnp.int32(2))
+  mm = lambda w: jnp.einsum("gbi,gio->gbo", xs, w[2][block_expert], precision="highest",
+                            preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+  want = jax.nn.silu(mm(w_gate)) * mm(w_up)
+  assert got.dtype == jnp.bfloat16
+  live = np.asarray([0, 1, 3, 4])
+  np.testing.assert_allclose(np.float32(got[live]), np.float32(want[live]),
+                             atol=2 ** -7 * float(jnp.abs(want.astype(jnp.float32)).max()))
+  assert not np.any(np.asarray(got[np.asarray([2, 5])], np.float32))
+
+
 def test_a_decode_step_with_fewer_pairs_than_experts_runs_each_pair_as_its_own_block():
   """`blocked_fused` at decode (every layer's stacked experts and a layer index) with fewer
   (token, slot) pairs than experts, where the layout's blocks are single rows: each pair is its
