@@ -256,7 +256,9 @@ def _run_layers(cfg: ModelConfig, params, x, positions, cache=None, lengths=None
   return x, router, new_blocks
 
 
-_ROUTED = ("wi_gate", "wi_up", "wo")
+# What a decode step's MoE kernels read from every layer's stack by the layer's index
+# (`blocked_fused`): the routed experts and the router.
+_ROUTED = ("router", "wi_gate", "wi_up", "wo")
 
 
 def _split_stacked_experts(cfg: ModelConfig, blocks, mode: str, adapters):
@@ -265,7 +267,8 @@ def _split_stacked_experts(cfg: ModelConfig, blocks, mode: str, adapters):
   With `moe_dispatch=blocked_fused` a decode step (no adapters merged in the scan: the engine
   serves merged weights) leaves the routed experts out of the scan's inputs: the kernel reads
   each cycle's from the whole stack by its index, where the scan's slice of them would be
-  copied out for the kernel (the layer's every expert, each step)."""
+  copied out for the kernel (the layer's every expert, each step); so does the router's matrix,
+  which the routing kernel reads (`moe_fused.route`)."""
   none = (None,) * len(blocks)
   if (mode != "decode" or adapters is not None or not cfg.use_moe
       or moe.dispatch_of(cfg) != "blocked_fused"):

@@ -471,9 +471,9 @@ def _mix(p, qkv, z, beta_in, a, state, lengths, layer, cfg: ModelConfig, rule: s
     # One kernel from the conv's outputs to the gated norm (`gdn_fused.recurrent_step`): XLA
     # ran the norms, the gates and the output norm as ~5 kernels a layer beside the update.
     live = jnp.ones((b,), jnp.float32) if lengths is None else (lengths > 0).astype(jnp.float32)
-    out, ssm = gdn_fused.recurrent_step(
-        q[:, 0], k[:, 0], v[:, 0], z[:, 0], beta_in[:, 0], a[:, 0], live, p, state["ssm"],
-        layer, cfg.rms_norm_eps)
+    gates = jnp.concatenate([z[:, 0], beta_in[:, 0, :, None], a[:, 0, :, None]], axis=-1)
+    out, ssm = gdn_fused.recurrent_step(q[:, 0], k[:, 0], v[:, 0], gates, live, p,
+                                        state["ssm"], layer, cfg.rms_norm_eps)
     out = common.constrain(out[:, None], heads + (None,))
     return out.reshape(b, t, nv * dv), conv_state, ssm
   beta = jax.nn.sigmoid(beta_in.astype(jnp.float32))

@@ -491,9 +491,8 @@ def ut_transform(k, v, g, beta, precision: str = "highest"):
 DECODE_BLOCK_V = 32
 
 
-def _decode_kernel(layer_ref, q_ref, k_ref, v_ref, z_ref, beta_ref, a_ref, live_ref, a_log_ref,
-                   dt_bias_ref, norm_ref, s_ref, out_ref, s_out_ref, *, block_v: int,
-                   group: int, eps: float):
+def _decode_kernel(layer_ref, q_ref, k_ref, v_ref, gates_ref, live_ref, a_log_ref, dt_bias_ref,
+                   norm_ref, s_ref, out_ref, s_out_ref, *, block_v: int, group: int, eps: float):
   """Program (row, value head): the token's mixer, from the conv's outputs to the gated norm.
   The key (q, k: key head h // group) normalised, the gates from their projections, then the
   state S^T ([d_v, d_k]) `block_v` rows at a time, each block read once and written once in
@@ -504,13 +503,13 @@ def _decode_kernel(layer_ref, q_ref, k_ref, v_ref, z_ref, beta_ref, a_ref, live_
   unit = lambda x: x * jax.lax.rsqrt(jnp.sum(x * x) + 1e-6)        # gated_deltanet._l2norm
   q = unit(_f32(q_ref[r, hk, :])) * (q_ref.shape[-1] ** -0.5)        # [d_k]
   k = unit(_f32(k_ref[r, hk, :]))
-  live = live_ref[r]
-  beta = live / (1.0 + jnp.exp(-_f32(beta_ref[r, h])))               # sigmoid
-  x = _f32(a_ref[r, h]) + _f32(dt_bias_ref[h])
+  live, dv = live_ref[r], v_ref.shape[-1]
+  beta = live / (1.0 + jnp.exp(-_f32(gates_ref[r, h, dv])))          # sigmoid
+  x = _f32(gates_ref[r, h, dv + 1]) + _f32(dt_bias_ref[h])
   softplus = jnp.maximum(x, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(x)))
   decay = jnp.exp(-jnp.exp(_f32(a_log_ref[h])) * softplus * live)
   outs = []
-  for j in range(v_ref.shape[-1] // block_v):
+  for j in range(dv // block_v):
     rows = pl.ds(j * block_v, block_v)
     s = s_ref[layer, r, h, rows, :] * decay                           # [block_v, d_k]
     predicted = jnp.sum(s * k[None, :], axis=1)                       # [block_v]
@@ -519,15 +518,15 @@ def _decode_kernel(layer_ref, q_ref, k_ref, v_ref, z_ref, beta_ref, a_ref, live_
     outs.append(jnp.sum(s * q[None, :], axis=1).astype(out_ref.dtype).astype(jnp.float32))
   # norm.gated_rms_norm: normalised in float32, rounded, scaled in the activation dtype, gated.
   dt = out_ref.dtype
-  inv = jax.lax.rsqrt(sum(jnp.sum(o * o) for o in outs) / v_ref.shape[-1] + eps)
+  inv = jax.lax.rsqrt(sum(jnp.sum(o * o) for o in outs) / dv + eps)
   for j, o in enumerate(outs):
     rows = pl.ds(j * block_v, block_v)
     normed = (_f32(norm_ref[rows].astype(dt)) * _f32((o * inv).astype(dt))).astype(dt)
-    gate = _f32(z_ref[r, h, rows])
+    gate = _f32(gates_ref[r, h, rows])
     out_ref[r, h, rows] = (_f32(normed) * (gate / (1.0 + jnp.exp(-gate)))).astype(dt)
 
 
-def _decode_local(q, k, v, z, beta, a, live, a_log, dt_bias, norm_w, state, layer, eps: float,
+def _decode_local(q, k, v, gates, live, a_log, dt_bias, norm_w, state, layer, eps: float,
                   interpret: bool):
   """`recurrent_step` on one device's rows and heads (state stacked [L, b, h, d_v, d_k])."""
   b, h, dv = v.shape
@@ -535,17 +534,17 @@ def _decode_local(q, k, v, z, beta, a, live, a_log, dt_bias, norm_w, state, laye
   kernel = functools.partial(_decode_kernel, block_v=block_v, group=h // q.shape[1], eps=eps)
   whole = pl.no_block_spec
   out, state = pl.pallas_call(
-      kernel, grid=(b, h), in_specs=[whole] * 12, out_specs=[whole, whole],
+      kernel, grid=(b, h), in_specs=[whole] * 10, out_specs=[whole, whole],
       out_shape=[jax.ShapeDtypeStruct(v.shape, v.dtype),
                  jax.ShapeDtypeStruct(state.shape, state.dtype)],
-      input_output_aliases={11: 1}, interpret=interpret,
+      input_output_aliases={9: 1}, interpret=interpret,
       compiler_params=None if interpret else pl_triton.CompilerParams(num_warps=NUM_WARPS,
                                                                       num_stages=1),
-  )(layer, q, k, v, z, beta, a, live, a_log, dt_bias, norm_w, state)
+  )(layer, q, k, v, gates, live, a_log, dt_bias, norm_w, state)
   return out, state
 
 
-def recurrent_step(q, k, v, z, beta_in, a, live, params, state, layer=None, eps: float = 1e-6):
+def recurrent_step(q, k, v, gates, live, params, state, layer=None, eps: float = 1e-6):
   """One token of a Gated DeltaNet layer's mixer after its conv, one kernel: what
   `gated_deltanet._mix` does there with XLA's kernels (q and k normalised and q scaled, the
   gates beta = sigmoid(b) and g = -exp(A_log) softplus(a + dt_bias), the delta rule's step
@@ -555,9 +554,10 @@ def recurrent_step(q, k, v, z, beta_in, a, live, params, state, layer=None, eps:
 
   Args:
     q, k: [batch, key heads, d_k] the conv's outputs (value head i reads key head i // (value
-      heads / key heads)); v, z: [batch, heads, d_v] the conv's v and the gate projection, in
-      the activation dtype; beta_in, a: [batch, heads] the gates' projections; live: [batch]
-      float32, 1 for a row that takes the token and 0 for one whose state stays (g = beta = 0).
+      heads / key heads)); v: [batch, heads, d_v] the conv's v; gates: [batch, heads, d_v + 2]
+      each head's projections z (d_v), b and a, one array (XLA writes it as one kernel from
+      its merged projection, three as slices); live: [batch] float32, 1 for a row that takes
+      the token and 0 for one whose state stays (g = beta = 0).
     params: the layer's {"A_log": [heads], "dt_bias": [heads], "norm": [d_v]}.
     state: [batch, heads, d_v, d_k] float32 (S transposed, the cache's layout), or every
       layer's stacked [L, batch, heads, d_v, d_k] with `layer` (int32) the one to update.
@@ -580,8 +580,8 @@ def recurrent_step(q, k, v, z, beta_in, a, live, params, state, layer=None, eps:
   local = functools.partial(_decode_local, eps=eps, interpret=interpret)
   heads = ("activation_heads",)
   out, state = common.per_device(
-      local, (q, k, v, z, beta_in, a, live, params["A_log"], params["dt_bias"], params["norm"],
-              state, layer),
-      (_ROWS_HEADS,) * 6 + (("batch",), heads, heads, (), _STACKED, ()),
+      local, (q, k, v, gates, live, params["A_log"], params["dt_bias"], params["norm"], state,
+              layer),
+      (_ROWS_HEADS,) * 4 + (("batch",), heads, heads, (), _STACKED, ()),
       (_ROWS_HEADS, _STACKED))
   return out, (state if stacked else state[0])

@@ -179,8 +179,15 @@ def rank_in_group(ids, num_groups: int):
   return ranks.reshape(-1)[:n], counts[:num_groups]
 
 
-def route(router_w, x, cfg: ModelConfig):
-  """x [tokens, embed] -> (router logits [tokens, experts] f32, weights, expert ids [tokens, k])."""
+def route(router_w, x, cfg: ModelConfig, layer=None):
+  """x [tokens, embed] -> (router logits [tokens, experts] f32, weights, expert ids [tokens, k]).
+  `layer` (`blocked_fused` at inference): router_w is every layer's stack and this layer's
+  index, and the routing one kernel where it takes the sizes (`moe_fused.route`; the same
+  values)."""
+  if layer is not None:
+    if moe_fused.routes_in_one_kernel(cfg.num_experts, x.shape[-1]):
+      return moe_fused.route(x, router_w, cfg.num_experts_per_tok, cfg.norm_topk_prob, layer)
+    router_w = router_w[layer]
   logits = jnp.dot(x.astype(jnp.float32), router_w.astype(jnp.float32))
   probs = jax.nn.softmax(logits, axis=-1)
   weights, experts = top_k(probs, cfg.num_experts_per_tok)
@@ -433,11 +440,12 @@ def blocked_dispatch(x, experts, cfg: ModelConfig, num_experts=None, first_exper
   return xs.reshape(block_expert.shape[0], block, x.shape[-1]), layout
 
 
-def blocked_expert_mlp(p, xs, block_expert, cfg: ModelConfig, used_blocks=None, layer=None):
+def blocked_expert_mlp(p, xs, block_expert, cfg: ModelConfig, used_blocks=None, layer=None,
+                       x_every: int = 1):
   """The SwiGLU of each block's expert: xs [blocks, block, embed] -> [blocks, block, embed]
   (blocks after `used_blocks`, when given, are not computed: zeros). With `layer`, p's experts
   are every layer's stack and `blocked_fused` reads that layer's in place (inference: no
-  gradient)."""
+  gradient), and xs may hold one block for every `x_every` (`moe_fused.block_swiglu`)."""
   dt = cfg.jnp_dtype
   step = blocks_per_step(cfg, xs.shape[0], p["wi_gate"].shape[-3:], jnp.dtype(dt).itemsize)
   fused = dispatch_of(cfg) == "blocked_fused"
@@ -445,7 +453,8 @@ def blocked_expert_mlp(p, xs, block_expert, cfg: ModelConfig, used_blocks=None, 
     if not fused:
       raise ValueError("stacked experts with a layer index are for moe_dispatch=blocked_fused")
     # Inference: gate, up and their product in one kernel (two fewer launches a layer).
-    act = moe_fused.block_swiglu(xs, p["wi_gate"], p["wi_up"], block_expert, used_blocks, layer)
+    act = moe_fused.block_swiglu(xs, p["wi_gate"], p["wi_up"], block_expert, used_blocks, layer,
+                                 x_every)
     return moe_fused.block_matmul(act, p["wo"], block_expert, used_blocks, layer)
   mm = lambda a, w: _expert_matmul(a, w.astype(dt), block_expert, step, fused, used_blocks)
   gate, up = mm(xs, p["wi_gate"]), mm(xs, p["wi_up"])         # [blocks, block, expert_mlp]
@@ -474,8 +483,8 @@ def _pair_experts(p, x, weights, experts, cfg: ModelConfig, first_expert, layer)
   if first_expert is not None:
     flat = flat - first_expert
     flat = jnp.where((flat >= 0) & (flat < p["wi_gate"].shape[-3]), flat, -1)
-  xs = jnp.repeat(x.astype(cfg.jnp_dtype), k, axis=0)[:, None, :]       # [n*k, 1, embed]
-  ys = blocked_expert_mlp(p, xs, flat, cfg, None, layer)
+  # Pair i reads token i // k's row in the kernel: no [n*k, embed] copy of the tokens.
+  ys = blocked_expert_mlp(p, x.astype(cfg.jnp_dtype)[:, None, :], flat, cfg, None, layer, k)
   return jnp.einsum("nkh,nk->nh", ys.reshape(n, k, -1), weights.astype(ys.dtype))
 
 
@@ -730,7 +739,7 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
 
   def local(x, router, wi_gate, wi_up, w_out, at):
     experts_of_here = experts_of if layer is None else functools.partial(experts_of, layer=at)
-    logits, weights, experts = route(router, x[0], cfg)
+    logits, weights, experts = route(router, x[0], cfg, None if layer is None else 0)
     w = {k: _gather_shards(v, cfg.jnp_dtype, gathers[k])
          for k, v in (("wi_gate", wi_gate), ("wi_up", wi_up), ("wo", w_out))}
     if ep:
@@ -750,11 +759,14 @@ def _routed_sharded(p, flat, cfg: ModelConfig, axes: tuple, groups_b: int, group
     return out[None], logits[None]
 
   groups = PartitionSpec(axes or None)
+  # Every device takes the router whole: with `layer`, the layer's matrix only (as a stack of
+  # one), not every layer's stack gathered at each layer.
+  router = p["router"] if layer is None else jax.lax.dynamic_slice_in_dim(p["router"], layer, 1)
   out, logits = jax.shard_map(
       local, mesh=mesh, in_specs=(groups, PartitionSpec(), specs["wi_gate"], specs["wi_up"],
                                   specs["wo"], PartitionSpec()),
       out_specs=(groups, groups), check_vma=False)(
-          xg, p["router"], p["wi_gate"], p["wi_up"], p["wo"],
+          xg, router, p["wi_gate"], p["wi_up"], p["wo"],
           jnp.asarray(0 if layer is None else layer, jnp.int32))
   return (_ungroup_tokens(out, b, s, groups_b, groups_s).reshape(b * s, h),
           _ungroup_tokens(logits, b, s, groups_b, groups_s).reshape(b * s, -1))
@@ -812,7 +824,7 @@ def forward(p, x, cfg: ModelConfig, layer=None):
       out, logits = _routed_sharded(p, flat, cfg, axes, groups_b, groups_s, b, s, ep, layer)
   else:
     with jax.named_scope("route"):
-      logits, weights, experts = route(p["router"], flat, cfg)
+      logits, weights, experts = route(p["router"], flat, cfg, layer)
     with jax.named_scope("routed"):
       out = routed_experts(p, flat, weights, experts, cfg, layer)
   out = out.reshape(b, s, h)

@@ -129,14 +129,16 @@ def _used(used_blocks, blocks: int):
 
 
 def _blocks_call(kernel, xs, ws, block_expert, used_blocks, layer, d_out: int,
-                 transpose: bool = False):
-  """`kernel` (`_kernel` or `_swiglu_kernel`) over xs [blocks, rows, d_in] and the weights
-  `ws` (every layer's [layers, experts, ...] with `layer`, else one layer's), one program per
-  (block, tile of d_out): [blocks, rows, d_out] in xs's dtype."""
+                 transpose: bool = False, x_every: int = 1):
+  """`kernel` (`_kernel` or `_swiglu_kernel`) over xs [blocks / x_every, rows, d_in] (block b
+  reads xs[b // x_every]) and the weights `ws` (every layer's [layers, experts, ...] with
+  `layer`, else one layer's), one program per (block, tile of d_out): [blocks, rows, d_out] in
+  xs's dtype, blocks = block_expert's length."""
   interpret = common.triton_interpret("moe_dispatch=blocked_fused", "gmm or blocked")
   if layer is None:
     ws, layer = [w[None] for w in ws], 0
-  blocks, rows, d_in = xs.shape
+  _, rows, d_in = xs.shape
+  blocks = block_expert.shape[0]
   tile_in, tile_out = _tiles(d_in, d_out, interpret)
   padded = rows if rows == 1 else max(TRITON_ROWS, rows)
   kernel = functools.partial(kernel, tile_in=tile_in, tile_out=tile_out, d_in=d_in,
@@ -144,7 +146,7 @@ def _blocks_call(kernel, xs, ws, block_expert, used_blocks, layer, d_out: int,
   out = pl.pallas_call(
       kernel, grid=(blocks, d_out // tile_out),
       in_specs=[pl.no_block_spec, pl.no_block_spec, pl.no_block_spec,
-                pl.BlockSpec((None, padded, d_in), lambda b, j: (b, 0, 0)),
+                pl.BlockSpec((None, padded, d_in), lambda b, j: (b // x_every, 0, 0)),
                 *[pl.no_block_spec] * len(ws)],    # w: the kernel indexes its expert itself
       out_specs=pl.BlockSpec((None, padded, tile_out), lambda b, j: (b, 0, j)),
       out_shape=jax.ShapeDtypeStruct((blocks, padded, d_out), xs.dtype),
@@ -164,13 +166,15 @@ def block_matmul(xs, w, block_expert, used_blocks=None, layer=None, transpose=Fa
   return _blocks_call(_kernel, xs, [w], block_expert, used_blocks, layer, d_out, transpose)
 
 
-def block_swiglu(xs, w_gate, w_up, block_expert, used_blocks=None, layer=None):
+def block_swiglu(xs, w_gate, w_up, block_expert, used_blocks=None, layer=None, x_every=1):
   """silu(xs @ w_gate[block_expert]) * (xs @ w_up[block_expert]) in one kernel (inference: no
   gradient is defined), where `block_matmul` twice and XLA's product are three kernels and
   write both products: xs [blocks, rows, d_in], the weights as `block_matmul`'s ->
-  [blocks, rows, d_ff] in xs's dtype, with the roundings of the three."""
+  [blocks, rows, d_ff] in xs's dtype, with the roundings of the three. `x_every`: xs holds
+  one block for every `x_every` (block b reads xs[b // x_every]: a decode step's k pairs of a
+  token read its row, not k copies of it)."""
   return _blocks_call(_swiglu_kernel, xs, [w_gate, w_up], block_expert, used_blocks, layer,
-                      w_gate.shape[-1])
+                      w_gate.shape[-1], x_every=x_every)
 
 
 def _wgrad_kernel(start_ref, end_ref, x_ref, dy_ref, o_ref, *, tile_in: int, tile_out: int):
@@ -221,3 +225,72 @@ def expert_weight_grads(xs, dy, block_expert, num_experts: int, used_blocks=None
       out_shape=jax.ShapeDtypeStruct((num_experts, d_in, d_out), dtype),
       interpret=interpret, compiler_params=_compiler_params(interpret),
   )(starts, ends, _pad_rows(xs, padded), _pad_rows(dy, padded))
+
+
+# Rows of the router's matrix a decode step's routing kernel reads a step of its walk.
+ROUTE_TILE = 64
+
+
+def _route_kernel(layer_ref, x_ref, w_ref, logits_ref, weights_ref, ids_ref, *, k: int,
+                  norm: bool, tile: int):
+  """Program r (a token): its router logits x[r] @ w[layer] in float32, their softmax, the top k
+  by k max passes (ties to the lower index, as `lax.top_k`), the picks' weights (normalised to
+  sum to 1 with `norm`) and expert ids, padded with zeros to the outputs' width."""
+  r, layer = pl.program_id(0), layer_ref[0]
+  _, d_in, experts = w_ref.shape
+
+  def step(i, acc):
+    x = x_ref[r, pl.ds(i * tile, tile)].astype(jnp.float32)
+    w = w_ref[layer, pl.ds(i * tile, tile), :].astype(jnp.float32)
+    return acc + jnp.sum(x[:, None] * w, axis=0)
+
+  logits = jax.lax.fori_loop(0, d_in // tile, step, jnp.zeros((experts,), jnp.float32))
+  logits_ref[r, :] = logits
+  probs = jnp.exp(logits - jnp.max(logits))
+  probs = probs / jnp.sum(probs)
+  expert = jnp.arange(experts, dtype=jnp.int32)
+  slot = jnp.arange(weights_ref.shape[-1], dtype=jnp.int32)
+  vals, ids, rest = jnp.zeros(slot.shape, jnp.float32), jnp.zeros(slot.shape, jnp.int32), probs
+  for i in range(k):
+    best = jnp.max(rest)
+    # The lowest index holding the max; where NaN matched none, the last expert (in range).
+    pick = jnp.minimum(jnp.min(jnp.where(rest == best, expert, experts)), experts - 1)
+    vals = jnp.where(slot == i, best, vals)
+    ids = jnp.where(slot == i, pick, ids)
+    rest = jnp.where(expert == pick, -jnp.inf, rest)
+  weights_ref[r, :] = vals / jnp.sum(vals) if norm else vals
+  ids_ref[r, :] = ids
+
+
+def route(x, router_w, k: int, norm: bool, layer=None):
+  """A decode step's routing in one kernel, where XLA's is four (the router's matmul, the
+  top-k's two passes, the weights' normalisation): x [tokens, embed] -> (router logits
+  [tokens, experts] float32, weights [tokens, k] float32, expert ids [tokens, k] int32), as
+  `moe.route` (logits from x and the router's matrix in float32, softmax, top k, weights
+  normalised to sum to 1 with `norm`). router_w [embed, experts], or every layer's [layers,
+  embed, experts] with `layer` its index (read in place: a layer scan's slice would be copied
+  out first). Inference: no gradient is defined. Where `routes_in_one_kernel` is false,
+  `moe.route` is XLA's."""
+  interpret = common.triton_interpret("moe_dispatch=blocked_fused", "gmm or blocked")
+  if layer is None:
+    router_w, layer = router_w[None], 0
+  n, d_in = x.shape
+  experts = router_w.shape[-1]
+  tile = _tile(d_in, ROUTE_TILE)
+  width = 1 << (k - 1).bit_length()                  # Triton's blocks: powers of two
+  logits, weights, ids = pl.pallas_call(
+      functools.partial(_route_kernel, k=k, norm=norm, tile=tile), grid=(n,),
+      in_specs=[pl.no_block_spec] * 3,
+      out_specs=[pl.no_block_spec] * 3,
+      out_shape=[jax.ShapeDtypeStruct((n, experts), jnp.float32),
+                 jax.ShapeDtypeStruct((n, width), jnp.float32),
+                 jax.ShapeDtypeStruct((n, width), jnp.int32)],
+      interpret=interpret, compiler_params=_compiler_params(interpret),
+  )(jnp.asarray(layer, jnp.int32).reshape(1), x, router_w)
+  return logits, weights[:, :k], ids[:, :k]
+
+
+def routes_in_one_kernel(num_experts: int, hidden_size: int) -> bool:
+  """Whether `route`'s kernel takes these sizes: Triton's blocks are powers of two (the experts,
+  and a tile of the hidden size of at least 16)."""
+  return num_experts & (num_experts - 1) == 0 and _tile(hidden_size, ROUTE_TILE) >= 16

@@ -173,23 +173,24 @@ def test_shapes_triton_cannot_tile_are_a_clear_error_on_gpu():
 
 def _decode_inputs(layers=3, rows=4, key_heads=2, heads=4, dk=32, dv=64, seed=0,
                    dtype=jnp.bfloat16):
-  """One token's mixer inputs after the conv: q, k [rows, key_heads, dk], v, z [rows, heads,
-  dv], beta_in, a [rows, heads] (in `dtype`), live [rows] (row 1 not live), the layer's
-  {"A_log", "dt_bias", "norm"} and a stacked state [layers, rows, heads, dv, dk] (S
-  transposed, as the cache holds it)."""
+  """One token's mixer inputs after the conv: q, k [rows, key_heads, dk], v [rows, heads, dv],
+  the gates' projections z, b, a as one [rows, heads, dv + 2] (in `dtype`), live [rows] (row 1
+  not live), the layer's {"A_log", "dt_bias", "norm"} and a stacked state [layers, rows,
+  heads, dv, dk] (S transposed, as the cache holds it)."""
   rng = np.random.default_rng(seed)
   f = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
   cast = lambda x: x.astype(dtype)
   live = jnp.ones((rows,), jnp.float32).at[1].set(0.0)
   params = {"A_log": f(heads) * 0.5, "dt_bias": f(heads), "norm": 1.0 + 0.1 * f(dv)}
   return (cast(f(rows, key_heads, dk)), cast(f(rows, key_heads, dk)), cast(f(rows, heads, dv)),
-          cast(f(rows, heads, dv)), cast(f(rows, heads)), cast(f(rows, heads)), live, params,
-          f(layers, rows, heads, dv, dk) * 0.1)
+          cast(f(rows, heads, dv + 2)), live, params, f(layers, rows, heads, dv, dk) * 0.1)
 
 
-def _xla_decode(q, k, v, z, beta_in, a, live, params, state, eps=1e-6):
+def _xla_decode(q, k, v, gates, live, params, state, eps=1e-6):
   """The same token through XLA's ops, as `gated_deltanet._mix` runs it with gdn_decode=xla:
   (out [rows, heads, dv] in v's dtype, the new state)."""
+  dv = v.shape[-1]
+  z, beta_in, a = gates[..., :dv], gates[..., dv], gates[..., dv + 1]
   group = v.shape[1] // q.shape[1]
   dk = q.shape[-1]
   f32 = lambda x: x.astype(jnp.float32)
@@ -234,7 +235,7 @@ def test_the_fused_decode_step_on_a_mesh_equals_one_device():
   one = jax.jit(gdn_fused.recurrent_step)(*inputs, params, states, jnp.int32(1))
   mesh, rules, place = kernel_checks.mesh_2x2x1x2()
   rows_heads = ("batch", "activation_heads", None)
-  axes = (rows_heads,) * 4 + (("batch", "activation_heads"),) * 2 + (("batch",),)
+  axes = (rows_heads,) * 4 + (("batch",),)
   with sharding.use_mesh(mesh, rules):
     placed = [place(x, a) for x, a in zip(inputs, axes)]
     placed_states = place(states, (None, "batch", "activation_heads", None, None))

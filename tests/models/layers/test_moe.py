@@ -483,10 +483,42 @@ def test_the_fused_swiglu_is_xlas_three_ops_on_one_layer_of_stacked_experts(rows
   np.testing.assert_allclose(np.float32(got[live]), np.float32(want[live]),
                              atol=2 ** -7 * float(jnp.abs(want.astype(jnp.float32)).max()))
   assert not np.any(np.asarray(got[np.asarray([2, 5])], np.float32))
+  # Blocks 2i and 2i+1 reading xs[i] (`x_every`: a decode step's pairs of one token).
+  every = jax.jit(moe_fused.block_swiglu, static_argnames="x_every")(
+      xs[::2], w_gate, w_up, block_expert, jnp.int32(5), jnp.int32(2), x_every=2)
+  again = jax.jit(moe_fused.block_swiglu)(jnp.repeat(xs[::2], 2, axis=0), w_gate, w_up,
+                                          block_expert, jnp.int32(5), jnp.int32(2))
+  np.testing.assert_array_equal(np.float32(every), np.float32(again))
+
+
+@pytest.mark.parametrize("experts,k", [(64, 2), (256, 8), (512, 10)])
+def test_the_fused_decode_routing_gives_routes_values_ties_included(experts, k):
+  """`moe_fused.route` (a decode step's routing, one kernel, on every layer's stacked router
+  with the layer's index) gives `moe.route`'s logits, weights and expert ids from bfloat16
+  tokens and router: ties (two equal router columns) to
+  the lower index as `lax.top_k`, k not a power of two (397B-A17B's top-10), a row of NaN
+  logits still routed to experts in range."""
+  rng = np.random.default_rng(6)
+  w = rng.standard_normal((128, experts)) * 0.1
+  w[:, 5] = w[:, 3]                                            # experts 3 and 5 always tie
+  x = jnp.asarray(rng.standard_normal((8, 128)), jnp.bfloat16).at[0, :].set(
+      jnp.asarray(5.0 * w[:, 3] / np.linalg.norm(w[:, 3]), jnp.bfloat16))   # row 0 picks them
+  w = jnp.asarray(w, jnp.bfloat16)
+  cfg = _cfg(experts, k=k, hidden=128)
+  want = moe.route(w, x, cfg)
+  stack = jnp.stack([w * 0, w, w * 2])                         # the layer read is 1
+  got = jax.jit(lambda x, w: moe.route(w, x, cfg, jnp.int32(1)))(x, stack)
+  np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(got[2], want[2])
+  assert list(np.asarray(got[2][0, :2])) == [3, 5]
+  _, _, ids = jax.jit(lambda x, w: moe.route(w, x, cfg, jnp.int32(1)))(
+      x.at[1, 0].set(jnp.nan), stack)
+  assert np.all((np.asarray(ids) >= 0) & (np.asarray(ids) < experts))
 
 
 def test_a_decode_step_with_fewer_pairs_than_experts_runs_each_pair_as_its_own_block():
-  """`blocked_fused` at decode (every layer's stacked experts and a layer index) with fewer
+  """`blocked_fused` at decode (every layer's stacked experts and router, a layer index) with fewer
   (token, slot) pairs than experts, where the layout's blocks are single rows: each pair is its
   own block in token order, no sorting, counting or scattering (no scatter in the program:
   the layout's places its rows by one); the values are the blocked dispatch's on that layer's experts, and under expert
@@ -494,8 +526,9 @@ def test_a_decode_step_with_fewer_pairs_than_experts_runs_each_pair_as_its_own_b
   cfg = _cfg(32, k=2, dispatch="blocked_fused", shared=0)      # 8 tokens: 16 pairs < 32 experts
   p = moe.init(jax.random.key(0), cfg)
   routed = ("wi_gate", "wi_up", "wo")
-  stacked = dict(p, **{k: jnp.stack([p[k] * (1.0 + 0.5 * i) for i in range(3)]) for k in routed})
-  layer1 = dict(p, **{k: stacked[k][1] for k in routed})
+  stacked = dict(p, **{k: jnp.stack([p[k] * (1.0 + 0.5 * i) for i in range(3)])
+                       for k in ("router", *routed)})
+  layer1 = dict(p, **{k: stacked[k][1] for k in ("router", *routed)})
   x = jax.random.normal(jax.random.key(1), (8, 1, cfg.hidden_size))
   blocked = cfg.replace(moe_dispatch="blocked")
   want = moe.forward(layer1, x, blocked)[0]
