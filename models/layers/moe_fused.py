@@ -25,6 +25,9 @@ are non-decreasing). XLA's form of that gradient writes each block's [d_in, d_ou
 scatter-adds it into its expert: at the 35B-A3B shape and 16,384 tokens a micro-batch, ~1,300
 blocks of 2 MiB a matrix, read and written several times a layer.
 
+A decode step (inference) has two more: the gate and up matmuls with silu(gate) * up in one
+(`block_swiglu`), and the routing, router matmul to top-k weights, in one (`route`).
+
 On CPU Pallas' interpreter runs the kernels (the tests); TPU has its own grouped matmul (`gmm`):
 `blocked_fused` is an error there. On a mesh the MoE runs them per device (`moe._routed_sharded`).
 """
