@@ -228,6 +228,18 @@ def test_the_fused_decode_step_gives_xlas_mixer_values():
   np.testing.assert_allclose(new, want_s, atol=1e-5 * float(jnp.abs(want_s).max()))
 
 
+def test_the_fused_decode_steps_output_in_float32_is_xlas_to_float32_rounding():
+  """In float32 (no bfloat16 rounding between the ops) the kernel's normed, gated output is
+  XLA's mixer's to float32 accuracy: the bfloat16 test's tolerance is the roundings', not the
+  kernel's."""
+  *inputs, states = _decode_inputs(dtype=jnp.float32)
+  want_out, want_s = _xla_decode(*inputs, states[2])
+  out, new = jax.jit(gdn_fused.recurrent_step)(*inputs, states, jnp.int32(2))
+  assert out.dtype == jnp.float32
+  np.testing.assert_allclose(out, want_out, atol=1e-5 * float(jnp.abs(want_out).max()))
+  np.testing.assert_allclose(new[2], want_s, atol=1e-5 * float(jnp.abs(want_s).max()))
+
+
 def test_the_fused_decode_step_on_a_mesh_equals_one_device():
   """On 8 CPU devices, rows split 2 ways and heads 2 ways (`jax.shard_map`; each device's value
   heads read its own key heads), the values and the updated stack are one device's."""
