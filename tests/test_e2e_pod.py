@@ -43,7 +43,11 @@ OVERRIDES = {"sft.steps": 2, "sft.max_tasks": 4, "sft.batch_size": 4, "train.ste
              "rollout.prefix_buckets": (512, 1792), "loop.eval_max_tasks": 8,
              "loop.progress": False, "loop.tensorboard": False, "checkpoint.save_every": 1,
              "checkpoint.async_save": False, "harness.max_tokens_per_turn": 64,
-             "distributed.heartbeat_timeout_s": 30}
+             "distributed.heartbeat_timeout_s": 30, "rollout.warmup": False}
+# No engine warmup: each job compiles only the programs its rollouts run, not every bucket's
+# and sampler kind's up front (the 1 x 8 job 255 -> 198 s alone on 2 cores, cold compile
+# cache, at 9643292). Warmup is not what this module checks; tests/rl/rollout/test_warmup.py and
+# tests/test_e2e_rl.py's launches run it.
 # The heartbeat is the product's default, 30 s. With 10 s a CI run on the loaded 2-core machine
 # failed: with the other test worker busy, both processes compiling the train step
 # went 10 s without a heartbeat reaching the coordinator and the service declared both dead.

@@ -25,12 +25,16 @@ from rl import policy_losses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# No engine warmup: an arm compiles only the programs its rollouts run (the rloo arm 195 -> 148
+# s alone on 2 cores, cold compile cache, at 9643292); tests/rl/rollout/test_warmup.py and
+# tests/test_e2e_rl.py run warmup.
 # Two steps of 2 prompts x 4 samples at temperature 1.0: the base passes ~1 in 8 level-1 tasks,
 # and these draws hold informative groups, so the losses see non-zero advantages.
 COMMON = {"sft.steps": 0, "loop.eval_max_tasks": 2, "train.steps": 2,
           "train.prompts_per_step": 2, "train.samples_per_prompt": 4, "train.micro_batches": 2,
           "checkpoint.save_every": 1, "checkpoint.async_save": False,
-          "harness.num_workers": 4, "loop.progress": False, "loop.bootstrap": 100}
+          "harness.num_workers": 4, "loop.progress": False, "loop.bootstrap": 100,
+          "rollout.warmup": False}
 
 ARMS = {
     "rloo_ppo_token_kl_k1": {
