@@ -25,9 +25,9 @@ from rl import policy_losses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# No engine warmup: an arm compiles only the programs its rollouts run (the rloo arm 195 -> 148
-# s alone on 2 cores, cold compile cache, at 9643292); tests/rl/rollout/test_warmup.py and
-# tests/test_e2e_rl.py run warmup.
+# No engine warmup: an arm compiles only the programs its rollouts run (the rloo arm
+# 195 -> 148 s alone on 2 cores, cold compile cache, at 9643292);
+# tests/rl/rollout/test_warmup.py and tests/test_e2e_rl.py run warmup.
 # Two steps of 2 prompts x 4 samples at temperature 1.0: the base passes ~1 in 8 level-1 tasks,
 # and these draws hold informative groups, so the losses see non-zero advantages.
 COMMON = {"sft.steps": 0, "loop.eval_max_tasks": 2, "train.steps": 2,
