@@ -42,20 +42,19 @@ ARMS = {
         "rl.loss_reduction": "token_mean", "rl.tis.mode": "token", "rl.kl.coef": 0.1,
         "rl.kl.estimator": "k1", "rl.recompute_old_logprobs": True, "train.mini_batches": 2,
         "train.micro_batches": 1},
-    "grpo_std_gspo_sequence_kl_k3_dynamic_stale": {
+    # LoRA: adapters on a frozen base, the KL reference the base with the adapters off, the
+    # weight sync the adapters alone. Dynamic sampling (max_draws): the first step's draws hold
+    # no informative group without it, so nothing would update and the KL check below would
+    # have nothing to see.
+    "grpo_std_gspo_sequence_lora_kl_k3_dynamic_stale": {
         "rl.advantage": "grpo", "rl.grpo_norm_by_std": True, "rl.policy_loss": "gspo",
         "rl.loss_reduction": "sequence_mean", "rl.tis.mode": "sequence", "rl.kl.coef": 0.1,
-        "rl.kl.estimator": "k3", "train.max_draws": 2, "loop.max_staleness": 1},
+        "rl.kl.estimator": "k3", "train.max_draws": 3, "loop.max_staleness": 1,
+        "lora.rank": 4, "optim.trainable": "", "optim.lr": 1e-3},
     "rollout_is_dr_grpo_unfiltered_moe_sgd": {
         "rl.policy_loss": "rollout_is", "rl.loss_reduction": "seq_mean_token_sum_norm",
         "rl.filter_zero_variance": False, "rl.moe_aux_loss_coef": 0.01, "optim.name": "sgd",
         "optim.lr": 0.05},
-    # Dynamic sampling (max_draws): the first step's draws hold no informative group without it,
-    # so nothing would update and the KL check below would have nothing to see.
-    "lora_kl_k3_token_stale": {
-        "lora.rank": 4, "optim.trainable": "", "optim.lr": 1e-3, "rl.kl.coef": 0.1,
-        "rl.kl.estimator": "k3", "rl.loss_reduction": "token_mean", "loop.max_staleness": 1,
-        "train.micro_batches": 1, "train.max_draws": 3},
 }
 # The default configuration's arm, run by tests/test_e2e_pod.py.
 _DEFAULT = tiny_cpu.get_config()

@@ -3,7 +3,7 @@ rubric graders.
 
 The oracle runs as a token-level policy (its tool calls written as Qwen3.5 text and
 tokenized) through the process pool; every task must pass. By default a sample of tasks of
-three worlds (both splits, every domain); `--run-slow` runs both full splits.
+three worlds (both splits, every domain); `--run-slow` runs the whole eval split.
 """
 import collections
 import functools
@@ -146,14 +146,18 @@ def test_dead_cached_gateway_is_replaced(sample):
 
 
 @pytest.mark.slow
-def test_token_level_oracle_full_splits(tmp_path_factory):
+def test_token_level_oracle_passes_every_task_of_the_eval_split(tmp_path_factory):
+  # The eval split's 480 tasks: every family, level and domain, on worlds of their own. The
+  # train split's 1928 come from the same families on other worlds, so through this path (the
+  # calls written as Qwen3.5 text, tokenized and parsed back) they would send the same kinds of
+  # calls and answers for ~4 minutes more (this split: 56 s alone on 2 cores); every one is
+  # solved in-process and over MCP by tests/envs/test_worlds.py.
   c = _config(tmp_path_factory.mktemp("all_worlds"))
   worlds.ensure_worlds(c.envs)
-  for split in ("eval", "train"):
-    tasks = tasks_lib.load_split(c.envs, split)
-    results = _run(c, tasks, oracle_factory([t.to_json() for t in tasks]))
-    bad = [(r.task_id, r.outcome, r.detail) for r in results if not r.passed]
-    assert not bad, (split, len(bad), bad[:5])
+  tasks = tasks_lib.load_split(c.envs, "eval")
+  results = _run(c, tasks, oracle_factory([t.to_json() for t in tasks]))
+  bad = [(r.task_id, r.outcome, r.detail) for r in results if not r.passed]
+  assert not bad, (len(bad), bad[:5])
 
 
 def test_harness_eval_summary_counts_passes_by_domain_and_outcome(sample):
