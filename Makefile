@@ -5,6 +5,12 @@ PY := $(VENV)/bin/python
 # --no-compile: byte-compiling every installed module took about half of a clean install when
 # TensorFlow was among them (JetStream's seqio, now left out); Python compiles on first import.
 PIP := $(PY) -m pip install -q --no-compile --disable-pip-version-check
+# ... and keeps what it compiled (in __pycache__, which git ignores) unless the environment sets
+# PYTHONDONTWRITEBYTECODE: then every Python process compiles every module it imports again,
+# seconds of each launch's, test worker's and benchmark child's start. The suite starts many such
+# processes, so the targets here let Python keep its bytecode. Measured on a 2-core AMD EPYC:
+# tests/benchmarks/test_accelerator.py with tests/test_launch.py 192 -> 82 s.
+unexport PYTHONDONTWRITEBYTECODE
 # google-jetstream is installed with --no-deps (requirements-nodeps.txt): the packages it declares
 # but does not need at run time (seqio and with it TensorFlow; blobfile, coverage, parameterized)
 # are deliberately absent, and every later pip install reports them as an "ERROR" of its
