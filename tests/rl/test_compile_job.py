@@ -1,5 +1,6 @@
 """--mode=compile (rl/compile_job.py): the job's programs compiled for TPU and GPU targets from
 this CPU, on a small config (a few seconds of compile each)."""
+import functools
 import json
 import os
 import subprocess
@@ -31,6 +32,14 @@ def _small(**overrides):
   return c
 
 
+@functools.lru_cache(maxsize=None)
+def _compiled(target: str, program: str, overrides: tuple = ()) -> tuple:
+  """compile_job.run's rows for one program of _small(**dict(overrides)) on `target`, compiled
+  once a test process: a test file runs in one process (`--dist loadfile`), so two tests that
+  need the same program share its compile."""
+  return tuple(compile_job.run(_small(**dict(overrides)), target, (program,)))
+
+
 # The GPU case is slow (`make test-all`, CI; a minute of compile), to keep `make test` within
 # its 20-minute budget on 2 cores: the quick suite compiles the RL step for h200:1x2 through
 # test_launch_compile_mode_prints_a_report_and_a_json_last_line.
@@ -40,7 +49,7 @@ def test_the_tiny_job_compiles_for_a_tpu_slice_and_for_two_gpus(target):
   HBM, FLOPs against the model's, and collectives."""
   # The SFT step on one target: the same model code as the RL step, a minute of compile here.
   programs = ("rl_step", "sft_step", "engine") if target.startswith("v5p") else ("rl_step", "engine")
-  rows = {r["program"]: r for r in compile_job.run(_small(), target, programs)}
+  rows = {r["program"]: r for p in programs for r in _compiled(target, p)}
   assert set(rows) == {"engine/prefill_64", "engine/insert_64", "engine/generate", *programs} - {"engine"}
   spec = aot.parse_target(target).spec
   for r in rows.values():
@@ -69,9 +78,10 @@ def test_whole_engine_weights_leave_the_decode_step_no_weight_to_gather():
   """rollout.whole_weights: the generate step for two H200s moves no weight (its FSDP-split
   weights were all-gathered every step), and the planner's bytes still track its arguments."""
   gathered = {}
+  assert not base.get_config().rollout.whole_weights   # so False is the tiny job's own compile
   for whole in (False, True):
-    rows = {r["program"]: r for r in compile_job.run(
-        _small(**{"rollout.whole_weights": whole}), "h200:1x2", ("engine",))}
+    rows = {r["program"]: r for r in _compiled(
+        "h200:1x2", "engine", (("rollout.whole_weights", True),) if whole else ())}
     gen = rows["engine/generate"]
     gathered[whole] = gen["collectives"].get("all-gather", {}).get("bytes", 0)
     assert 1.0 <= gen["memory"]["argument"] / gen["planner_bytes_per_device"] < 1.25
