@@ -1,19 +1,22 @@
 """End to end: launch.py --mode=rl through the real JetStream server, worlds and orbax checkpoints.
 
-Two RL steps (rollouts through the gRPC server and the agent pool on real worlds, train step,
-weight sync, a checkpoint each) with the rollout server as a separate job (`launch.py
---mode=serve` watching the weights directory the trainer publishes to; slow, ~1 min). And make
-run's path from a fresh run directory (SFT first) with rollouts drawn a step ahead
-(loop.max_staleness=1; ~1.5 min, in `make test`). A run killed with SIGKILL after a checkpoint
-and launched again resumes from its newest checkpoint to the end an uninterrupted run reaches:
-tests/test_e2e_pod.py (its job of two processes, one of them killed).
+A run on a very small config takes RL steps (rollouts through the gRPC server and the agent
+pool on real worlds, train step, weight sync), checkpoints every step, is killed with SIGKILL
+after its first checkpoint, and a second launch with the same name resumes from the newest
+checkpoint and finishes, writing summary.json (slow, minutes on 2 cores: --run-slow). Two
+steps with the rollout server as a separate job (`launch.py --mode=serve` watching the weights
+directory the trainer publishes to; slow, ~1 min). And make run's path from a fresh run
+directory (SFT first) with rollouts drawn a step ahead (loop.max_staleness=1; ~1.5 min, in
+`make test`).
 """
 import hashlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -39,6 +42,50 @@ def _env():
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   env.pop("XLA_FLAGS", None)  # one CPU device: the conftest's fake devices only slow this down
   return env
+
+
+def _steps(ckpt_dir):
+  if not os.path.isdir(ckpt_dir):
+    return []
+  return sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit())
+
+
+@pytest.mark.slow
+def test_rl_two_steps_then_sigkill_and_resume(tmp_path):
+  env = _env()
+  ckpt_dir = os.path.join(tmp_path, "e2e", "checkpoints")
+  log1 = open(os.path.join(tmp_path, "run1.log"), "w")
+  p = subprocess.Popen(_cmd(tmp_path, 4), cwd=ROOT, env=env, stdout=log1,
+                       stderr=subprocess.STDOUT)
+  deadline = time.monotonic() + 1500
+  try:
+    while time.monotonic() < deadline and p.poll() is None and len(_steps(ckpt_dir)) < 2:
+      time.sleep(2)
+    assert p.poll() is None, open(os.path.join(tmp_path, "run1.log")).read()[-4000:]
+    assert _steps(ckpt_dir)[-1] >= 2, "two RL steps were not checkpointed in time"
+  finally:
+    if p.poll() is None:
+      os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+  killed_at = _steps(ckpt_dir)[-1]
+  assert killed_at < 4
+  metrics = [json.loads(l) for l in open(os.path.join(tmp_path, "e2e", "metrics.jsonl"))]
+  train = [m for m in metrics if m["phase"] == "train"]
+  assert len(train) >= 2 and all("loss/total" in m and "mean_reward" in m for m in train)
+
+  out = subprocess.run(_cmd(tmp_path, 4), cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=1500)
+  assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+  assert f"resumed from checkpoint step {killed_at}" in out.stdout + out.stderr
+  assert _steps(ckpt_dir)[-1] == 4
+  summary = json.load(open(os.path.join(tmp_path, "e2e", "summary.json")))
+  for k in ("before_rl", "after_rl"):
+    assert 0.0 <= summary[k]["pass_at_1"] <= 1.0
+    lo, hi = summary[k]["pass_at_1_ci95"]
+    assert lo <= summary[k]["pass_at_1"] <= hi
+  train = [json.loads(l) for l in open(os.path.join(tmp_path, "e2e", "metrics.jsonl"))]
+  steps = sorted({m["step"] for m in train if m["phase"] == "train"})
+  assert steps[-1] == 4
 
 
 def _free_port() -> int:
