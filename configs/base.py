@@ -338,6 +338,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.weights_dtype = ""       # dtype of the served weight matrices (vectors keep theirs); "" = model.param_dtype
   c.rollout.sampler_choice = "host"  # host: the engine picks the sampler's kind (greedy / draw / filter) from the slots' settings, a generate program each; device: one program choosing by lax.cond, which XLA:GPU runs as a host wait each step (rl/rollout/README.md, sampling)
   c.rollout.scan_layers = True       # the engine holds the layers stacked, as trained, and scans them; False = one by one, run as the model with scan_layers=False: decode reads weights in place (no slice copies), compile time grows with depth (docs/rollout.md)
+  c.rollout.fuse_projections = True  # the engine holds each Gated DeltaNet layer's four input projections as one matrix: one matmul a step (XLA:GPU otherwise concatenated the four every step); False = as trained (docs/rollout.md)
   c.rollout.warmup = True            # compile every prefill bucket before serving
   c.rollout.rpc_threads = 0          # gRPC handler threads; 0 = max(slots, 64)
   c.rollout.client_timeout_s = 600.0  # token client's deadline for one generate call

@@ -109,6 +109,27 @@ def unscan_layers(cfg: ModelConfig, tree: dict) -> dict:
                                  for i in range(cfg.num_hidden_layers)))
 
 
+def fuse_gdn_in_projections(tree: dict, shards: int, axes: bool = False) -> dict:
+  """`tree` (params in any layout of `blocks`, or with `axes` their logical axes) with each
+  Gated DeltaNet layer's four input projections as one matrix laid out for `shards` devices
+  (`gated_deltanet.fuse_in_projections`): the rollout engine's layout (rl/rollout/engine_weights.py)."""
+  fuse = (gated_deltanet.fused_in_projection_axes if axes
+          else functools.partial(gated_deltanet.fuse_in_projections, shards=shards))
+
+  def block(b):
+    mixer = b.get("mixer", {})
+    return dict(b, mixer=fuse(mixer)) if "in_proj_qkv" in mixer else b
+  return dict(tree, blocks=tuple(block(b) for b in tree["blocks"]))
+
+
+def split_gdn_in_projections(cfg: ModelConfig, tree: dict) -> dict:
+  """`fuse_gdn_in_projections` undone (params)."""
+  def block(b):
+    mixer = b.get("mixer", {})
+    return dict(b, mixer=gated_deltanet.split_in_projections(mixer, cfg)) if "in_proj" in mixer else b
+  return dict(tree, blocks=tuple(block(b) for b in tree["blocks"]))
+
+
 def unscanned_layer(cfg: ModelConfig, tree: dict, i: int) -> dict:
   """Layer i of `tree` (in `cfg`'s layout) as `unscan_layers` holds it: its leaves [1, ...]."""
   c, j = divmod(i, len(cfg.cycle))

@@ -13,6 +13,7 @@ Params (shapes with logical names):
   in_proj_z   [embed, gdn_value]    output gate
   in_proj_b   [embed, gdn_heads]    beta = sigmoid(b)
   in_proj_a   [embed, gdn_heads]    decay input
+  (serving: the four as one in_proj [embed, gdn_qkv (shards), n], `fuse_in_projections`)
   conv        [conv_kernel, gdn_qkv] causal depthwise conv taps (last tap = current token)
   dt_bias, A_log [gdn_heads]        g = -exp(A_log) * softplus(a + dt_bias)
   norm        [head_v_dim]          gated RMSNorm weight (init 1)
@@ -24,6 +25,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from models import config as config_lib
 from models.config import ModelConfig
@@ -63,6 +65,68 @@ def axes(cfg: ModelConfig) -> dict:
       "norm": ("norm",),
       "out_proj": ("gdn_value", "embed"),
   }
+
+
+# -- the serving layout: the four input projections as one matrix ---------------------------
+# The rollout engine holds them so (rl/rollout/engine_weights.py): a decode step's four matmuls
+# of one input are then one matmul reading one matrix. Held apart, XLA:GPU's dot merger joined
+# them anyway by concatenating the four matrices into a new one every step (written and read
+# again: 6 MiB a layer in the ~1B benchmark model, 48 MiB a GPU a layer in 35B-A3B's engine;
+# compiler figures, docs/results.md). Training keeps the four (their layout is the checkpoint's
+# and Hugging Face's).
+IN_PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+
+
+def in_projection_sizes(cfg: ModelConfig) -> tuple[int, ...]:
+  """The output widths of `IN_PROJECTIONS`, in order."""
+  nv = cfg.linear_num_value_heads
+  return (cfg.gdn_conv_dim, cfg.gdn_value_dim, nv, nv)
+
+
+def can_fuse_in_projections(cfg: ModelConfig, shards: int) -> bool:
+  """Whether `shards` devices split each of the four projections' outputs evenly (then each
+  holds its own columns of each in the fused matrix, as it held them apart)."""
+  return shards >= 1 and all(n % shards == 0 for n in in_projection_sizes(cfg))
+
+
+def fuse_in_projections(p: dict, shards: int) -> dict:
+  """A layer's params (leaves with any leading layer axes) with `IN_PROJECTIONS` replaced by
+  one `in_proj` [..., embed, shards, n]: row s holds shard s's columns of qkv | z | b | a, so a
+  split of the shards axis over `shards` devices gives each the columns it held of each
+  matrix apart, and the matmul's output [b, t, shards, n] is split back without moving data
+  between devices. Host (numpy) arrays stay on the host. Exact: `split_in_projections` undoes it.
+  """
+  ws = [p[k] for k in IN_PROJECTIONS]
+  xp = np if all(isinstance(w, np.ndarray) for w in ws) else jnp
+  parts = [w.reshape(*w.shape[:-1], shards, w.shape[-1] // shards) for w in ws]
+  out = {k: v for k, v in p.items() if k not in IN_PROJECTIONS}
+  out["in_proj"] = xp.concatenate(parts, axis=-1)
+  return out
+
+
+def split_in_projections(p: dict, cfg: ModelConfig) -> dict:
+  """`fuse_in_projections` undone: the four matrices back from `in_proj`."""
+  w = p["in_proj"]
+  out = {k: v for k, v in p.items() if k != "in_proj"}
+  out.update(zip(IN_PROJECTIONS, _split_fused(w, cfg, w.shape[:-2])))
+  return out
+
+
+def fused_in_projection_axes(axes: dict) -> dict:
+  """A layer's logical axes (`axes`, with any leading axes) for `fuse_in_projections`' layout."""
+  lead = axes["in_proj_qkv"][:-2]
+  out = {k: v for k, v in axes.items() if k not in IN_PROJECTIONS}
+  out["in_proj"] = lead + ("embed", "gdn_qkv", None)
+  return out
+
+
+def _split_fused(y, cfg: ModelConfig, lead: tuple):
+  """[*lead, shards, n] (the fused matrix, or its matmul's output) -> the four projections'
+  [*lead, width] in `IN_PROJECTIONS` order."""
+  shards = y.shape[-2]
+  cuts = np.cumsum([n // shards for n in in_projection_sizes(cfg)])[:-1]
+  xp = np if isinstance(y, np.ndarray) else jnp
+  return [x.reshape(*lead, x.shape[-2] * x.shape[-1]) for x in xp.split(y, cuts, axis=-1)]
 
 
 def _l2norm(x, eps=1e-6):
@@ -370,8 +434,11 @@ def forward(p, x, cfg: ModelConfig, state=None, lengths=None, rule: str = "chunk
   # pass the head-split cotangents (35B-A3B's step on 16 H200: ~19k GiB of all-gathers a GPU,
   # compiler figures).
   rows = ("batch", "activation_length", None)
-  qkv, z, beta_in, a = (common.constrain(common.dense(x, p[k], dt), rows)
-                        for k in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"))
+  if "in_proj" in p:   # the serving layout: one matmul (`fuse_in_projections`)
+    projected = _split_fused(common.dense(x, p["in_proj"], dt), cfg, x.shape[:-1])
+  else:
+    projected = [common.dense(x, p[k], dt) for k in IN_PROJECTIONS]
+  qkv, z, beta_in, a = (common.constrain(y, rows) for y in projected)
   mix_params = {k: p[k] for k in ("conv", "A_log", "dt_bias", "norm")}
   mix = functools.partial(_mix, cfg=cfg, rule=rule)
   if cfg.gdn_recompute if recompute is None else recompute:

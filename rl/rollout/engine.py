@@ -229,6 +229,8 @@ class QwenEngine(engine_api.Engine):
     scan_layers: hold the weights stacked and run the layers as a scan (True), or hold them
       layer by layer and run the model unscanned (False: decode reads each layer's weights in
       place, compile time grows with depth; engine_weights.py).
+    fuse_projections: hold each Gated DeltaNet layer's four input projections as one matrix
+      (one matmul a decode step; engine_weights.py); False = as trained.
   """
 
   def __init__(self, cfg, *, slots: int, max_len: int, prefill_buckets: Sequence[int],
@@ -238,7 +240,7 @@ class QwenEngine(engine_api.Engine):
                initial_version: int = 0, turn_cache: int = 0,
                weights_dtype: Optional[str] = None, abstract_on: Optional[Any] = None,
                lora_spec: Optional[lora.LoraSpec] = None, scan_layers: bool = True,
-               sampler_choice: str = "host"):
+               sampler_choice: str = "host", fuse_projections: bool = True):
     if max_len > cfg.max_position_embeddings:
       raise ValueError(f"max_len {max_len} > model max_position_embeddings "
                        f"{cfg.max_position_embeddings}")
@@ -263,7 +265,7 @@ class QwenEngine(engine_api.Engine):
     self._weights = engine_weights.EngineWeights(
         cfg, params, init_seed=init_seed, weights_dtype=weights_dtype, mesh=mesh, rules=rules,
         abstract_on=abstract_on, lora_spec=lora_spec, initial_version=initial_version,
-        scan_layers=scan_layers)
+        scan_layers=scan_layers, fuse_projections=fuse_projections)
     self._caches = engine_caches.EngineCaches(
         buckets=self.buckets, max_len=self.max_len, prefix_buckets=prefix_buckets,
         align=gated_deltanet.chunk_size(cfg), prefix_min_len=prefix_min_len,
@@ -297,7 +299,7 @@ class QwenEngine(engine_api.Engine):
         prefix_buckets=r.prefix_buckets if r.prefix_cache else (),
         prefix_min_len=r.prefix_min_len, turn_cache=r.turn_cache, mesh=mesh, rules=rules,
         weights_dtype=r.weights_dtype or None, scan_layers=r.scan_layers,
-        sampler_choice=r.sampler_choice,
+        sampler_choice=r.sampler_choice, fuse_projections=r.fuse_projections,
         lora_spec=lora.from_config(config.lora) if "lora" in config else None)
     kw.update(overrides)
     return cls(cfg, **kw)
@@ -342,10 +344,11 @@ class QwenEngine(engine_api.Engine):
     the adapters (float32)."""
     return self._weights.sync_target()
 
-  def params_target(self):
+  def params_target(self, held: bool = False):
     """The engine's params as ShapeDtypeStructs with their shardings: a restore target that
-    puts each shard of a saved tree straight on the device that serves it."""
-    return self._weights.params_target()
+    puts each shard of a saved tree straight on the device that serves it. `held`: in the
+    layout the engine holds them (engine_weights.py), not the one a sync brings."""
+    return self._weights.params_target(held)
 
   @property
   def params_version(self) -> int:
@@ -482,7 +485,7 @@ class QwenEngine(engine_api.Engine):
     engine's default settings run, for abstract inputs of the shapes and shardings serving gives
     them (`EnginePrograms.lower`). Nothing runs and nothing is allocated."""
     greedy, filters = self.default_sampling.sampler_row()
-    return self.programs.lower(self._weights.params_target(held=True), buckets or self.buckets,
+    return self.programs.lower(self.params_target(held=True), buckets or self.buckets,
                                kind=self._sampler_kind([greedy], [filters]))
 
   def warmup(self, buckets: Optional[Sequence[int]] = None, prefix: Optional[Sequence[int]] = None,

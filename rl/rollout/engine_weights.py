@@ -11,7 +11,9 @@ A sync brings the trainer's layout (each cycle position's layers stacked); with
 `scan_layers=False` the engine holds them layer by layer, in the layout of the model with
 `scan_layers=False` (models/qwen3_5.unscan_layers), and its programs run that model: decode then
 reads each layer's weights in place where the layer scan copies slices of the stacks
-(docs/rollout.md#engine-weights).
+(docs/rollout.md#engine-weights). With `fuse_projections`, each Gated DeltaNet layer's four input
+projections are held as one matrix (models/layers/gated_deltanet.fuse_in_projections): a decode
+step runs one matmul of them and no per-step concatenation.
 """
 import contextlib
 import threading
@@ -23,6 +25,7 @@ import jax.numpy as jnp
 from models import lora
 from models import qwen3_5
 from models import sharding
+from models.layers import gated_deltanet
 
 
 class ParamsHandle:
@@ -93,18 +96,25 @@ class EngineWeights:
     initial_version: the version the first params are served as.
     scan_layers: hold the weights stacked as given (True), or layer by layer (False: the
       layout of `held_cfg`, the model with scan_layers=False, which the engine's programs run).
+    fuse_projections: hold each Gated DeltaNet layer's four input projections as one matrix,
+      laid out for the devices that split them (`_fuse_shards`); held apart where they do not
+      split each evenly. False = as trained.
   """
 
   def __init__(self, cfg, params=None, *, init_seed: int = 0,
                weights_dtype: Optional[str] = None, mesh=None, rules=None,
                abstract_on: Optional[Any] = None, lora_spec: Optional[lora.LoraSpec] = None,
-               initial_version: int = 0, scan_layers: bool = True):
+               initial_version: int = 0, scan_layers: bool = True,
+               fuse_projections: bool = True):
     self.cfg = cfg
     self._mesh = mesh
     self._rules = rules
     self._abstract_on = abstract_on
     self._unscan = not scan_layers and cfg.scan_layers
     self.held_cfg = cfg.replace(scan_layers=False) if self._unscan else cfg
+    shards = 1 if mesh is None else sharding.ways(mesh.shape, rules, "gdn_qkv")
+    self._fuse_shards = (shards if fuse_projections
+                         and gated_deltanet.can_fuse_in_projections(cfg, shards) else 0)
     init = lambda key: qwen3_5.init_params(cfg, key)
     given = jax.eval_shape(init, jax.random.key(0)) if params is None else params
     # What a sync brings (stacked), and what the engine holds (`_held`: stacked or per layer).
@@ -115,9 +125,9 @@ class EngineWeights:
     if mesh is not None:
       self._param_shardings = sharding.tree_shardings(qwen3_5.param_axes(cfg),
                                                       self._abstract_params, mesh, rules)
-      self._held_shardings = self._param_shardings if not self._unscan else (
-          sharding.tree_shardings(qwen3_5.param_axes(self.held_cfg), self._abstract_held,
-                                  mesh, rules))
+      self._held_shardings = (
+          self._param_shardings if not (self._unscan or self._fuse_shards) else
+          sharding.tree_shardings(self._held_axes(), self._abstract_held, mesh, rules))
     # Placed exactly as `served` will place new weights, so a swap never recompiles.
     if abstract_on is not None:
       params = self.params_target()
@@ -149,8 +159,10 @@ class EngineWeights:
       self._adapter_shardings = sharding.tree_shardings(
           lora.axes(spec, axes), self._abstract_adapters, self._mesh, self._rules)
     where = {} if self._held_shardings is None else {"out_shardings": self._held_shardings}
+    # Merged in the layout of the four projections apart (the adapters'), then fused again.
     self._merge_jit = jax.jit(
-        lambda b, a: lora.merge(b, self._held(a), spec.scale), **where)
+        lambda b, a: self._fused(lora.merge(self._unfused(b), self._layout(a), spec.scale)),
+        **where)
 
   @property
   def version(self) -> int:
@@ -207,8 +219,26 @@ class EngineWeights:
     return sharding.with_shardings(abstract, shardings)
 
   def _held(self, params):
-    """Stacked `params` (or adapters) in the layout the engine holds."""
-    return qwen3_5.unscan_layers(self.cfg, params) if self._unscan else params
+    """Stacked `params` in the layout the engine holds."""
+    return self._fused(self._layout(params))
+
+  def _layout(self, tree):
+    """Stacked `tree` (params or adapters) stacked or layer by layer, as the engine holds it."""
+    return qwen3_5.unscan_layers(self.cfg, tree) if self._unscan else tree
+
+  def _fused(self, params):
+    """`params` (any layout of `blocks`) with the Gated DeltaNet input projections fused, if
+    the engine fuses them."""
+    if not self._fuse_shards:
+      return params
+    return qwen3_5.fuse_gdn_in_projections(params, self._fuse_shards)
+
+  def _unfused(self, params):
+    return qwen3_5.split_gdn_in_projections(self.cfg, params) if self._fuse_shards else params
+
+  def _held_axes(self):
+    axes = qwen3_5.param_axes(self.held_cfg)
+    return qwen3_5.fuse_gdn_in_projections(axes, 0, axes=True) if self._fuse_shards else axes
 
   def _cast(self, params):
     """`params` in the engine's dtypes (a no-op for leaves already in them)."""
@@ -226,12 +256,13 @@ class EngineWeights:
     where = (self._held_shardings if self._held_shardings is not None
              else jax.local_devices()[0])
     if not self._unscan:
-      return _put(params, where)
+      return _put(self._fused(params), where)
     one = not isinstance(where, dict)   # one device: every leaf goes there
     rest = {key: v for key, v in params.items() if key != "blocks"}
     out = _put(rest, where if one else {key: where[key] for key in rest})
+    layer = lambda i: self._fused({"blocks": (qwen3_5.unscanned_layer(self.cfg, params, i),)})
     out["blocks"] = tuple(
-        _put(qwen3_5.unscanned_layer(self.cfg, params, i), where if one else where["blocks"][i])
+        _put(layer(i)["blocks"][0], where if one else where["blocks"][i])
         for i in range(self.cfg.num_hidden_layers))
     return out
 

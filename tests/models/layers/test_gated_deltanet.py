@@ -207,3 +207,34 @@ def test_recomputed_layer_keeps_no_float32_per_head_tensors():
 
   assert len(kept(False)) >= 5
   assert kept(True) == []
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_the_fused_input_projections_give_the_four_matrices_outputs_and_states(shards):
+  """The serving layout (one `in_proj` matrix, laid out for `shards` devices) gives the layer's
+  output and states of its four projections apart, in prefill and in a decode step, and
+  `split_in_projections` gives the four matrices back bit for bit."""
+  cfg, p, x, state = _layer_inputs()
+  fused = gated_deltanet.fuse_in_projections(p, shards)
+  assert set(gated_deltanet.IN_PROJECTIONS).isdisjoint(fused)
+  assert fused["in_proj"].shape[:-1] == (cfg.hidden_size, shards)
+  back = gated_deltanet.split_in_projections(fused, cfg)
+  assert jax.tree.structure(back) == jax.tree.structure(p)
+  for k in p:
+    np.testing.assert_array_equal(back[k], p[k], err_msg=k)
+  # Shard s's row holds shard s's columns of each matrix, in order qkv | z | b | a.
+  s = shards - 1
+  want = np.concatenate([np.split(np.asarray(p[k]), shards, axis=-1)[s]
+                         for k in gated_deltanet.IN_PROJECTIONS], axis=-1)
+  np.testing.assert_array_equal(fused["in_proj"][:, s], want)
+  for rule, xs in (("chunked", x), ("recurrent", x[:, :1])):
+    run = jax.jit(lambda p, x: gated_deltanet.forward(p, x, cfg, state, rule=rule))
+    for a, b in zip(jax.tree.leaves(run(fused, xs)), jax.tree.leaves(run(p, xs))):
+      np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5, err_msg=rule)
+
+
+def test_projections_that_a_shard_count_does_not_split_evenly_are_not_fused():
+  cfg, _, _, _ = _layer_inputs()
+  nv = cfg.linear_num_value_heads
+  assert gated_deltanet.can_fuse_in_projections(cfg, 1)
+  assert not gated_deltanet.can_fuse_in_projections(cfg, nv + 1)

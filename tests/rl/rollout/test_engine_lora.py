@@ -111,6 +111,9 @@ def test_greedy_tokens_after_syncs_are_the_merged_models_and_syncs_do_not_accumu
   server.update_weights(zero_b, version=4)
   assert client.generate(PROMPT, greedy_sampling, max_tokens=6, stop_ids=[]).ids == greedy(base)
   served, _ = server.engine.load_params().get()
+  # Held with each Gated DeltaNet layer's input projections as one matrix (engine_weights.py).
+  assert "in_proj" in served["blocks"][0]["mixer"]
+  served = qwen3_5.split_gdn_in_projections(cfg, served)
   for a, b in zip(jax.tree.leaves(served), jax.tree.leaves(base)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -141,6 +144,7 @@ def test_adapters_from_a_sharded_train_state_merge_on_the_engine(config, model, 
   try:
     s.update_weights(train_like, version=1)
     served, _ = s.engine.load_params().get()
+    served = qwen3_5.split_gdn_in_projections(cfg, served)
     want = lora.merge(base, adapters, spec.scale)
     if not scan_layers:
       want = qwen3_5.unscan_layers(cfg, want)

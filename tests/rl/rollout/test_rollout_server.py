@@ -23,6 +23,7 @@ from envs.harness.jetstream_client import TokenClient
 from envs.harness.policy import SamplingParams
 from models import qwen3_5
 from models import sharding
+from models.layers import gated_deltanet
 from models.sharding import MeshError
 from rl import train_step
 from rl.rollout import serve
@@ -296,8 +297,10 @@ def _serves_greedy_tokens_before_and_after_a_sync(s, client, forward, cfg, old):
 def test_an_engine_holding_its_layers_one_by_one_serves_the_models_greedy_tokens(config):
   """`rollout.scan_layers=False` with two layer cycles, on the (1, 2, 2, 2) mesh with every GPU
   kernel (Pallas' interpreter): the engine holds one entry a layer ([1, ...], the model with
-  scan_layers=False), cut from the stacks it is given and from each sync's, and serves the
-  scanned model's greedy tokens, before and after a weight sync from a train layout."""
+  scan_layers=False), cut from the stacks it is given and from each sync's, each Gated DeltaNet
+  layer's four input projections as one matrix laid out for the mesh's 2 tensor shards
+  (`rollout.fuse_projections`), and serves the scanned model's greedy tokens, before and after a
+  weight sync from a train layout."""
   c = config.copy_and_resolve_references()
   with c.unlocked():
     c.model.num_hidden_layers = 8
@@ -316,6 +319,12 @@ def test_an_engine_holding_its_layers_one_by_one_serves_the_models_greedy_tokens
     assert cfg.num_cycles == 2 and len(served["blocks"]) == 8
     np.testing.assert_array_equal(served["blocks"][7]["mixer"]["q_proj"],
                                   old["blocks"][3]["mixer"]["q_proj"][1:2])
+    fused = served["blocks"][4]["mixer"]
+    assert "in_proj_qkv" not in fused and fused["in_proj"].shape[:3] == (1, cfg.hidden_size, 2)
+    assert fused["in_proj"].sharding.shard_shape(fused["in_proj"].shape)[2] == 1
+    apart = gated_deltanet.split_in_projections(jax.device_get(fused), reference)
+    for k in gated_deltanet.IN_PROJECTIONS:
+      np.testing.assert_array_equal(apart[k], old["blocks"][0]["mixer"][k][1:2], err_msg=k)
     assert len(served["embed"].sharding.device_set) == 8
     _serves_greedy_tokens_before_and_after_a_sync(s, client, forward, cfg, old)
   finally:
@@ -352,15 +361,17 @@ def test_weights_served_in_bfloat16_are_the_synced_weights_cast(config, model, f
 
 
 def test_an_engine_without_params_initialises_them_where_it_serves_them(config):
-  """A served random init is created shard by shard on the engine's mesh, in its dtypes (a
-  model that needs the mesh does not fit one device)."""
+  """A served random init is created shard by shard on the engine's mesh, in its dtypes and
+  its layout (a model that needs the mesh does not fit one device)."""
   c = config.copy_and_resolve_references()
   with c.unlocked():
     c.rollout.mesh_shape = (1, 2, 2, 2)
     c.rollout.weights_dtype = "bfloat16"
   engine = QwenEngine.from_config(c)
   held = engine.load_params().get()[0]
-  want = engine.params_target()
+  want = engine.params_target(held=True)
+  assert jax.tree.structure(held) == jax.tree.structure(want)
+  assert "in_proj" in held["blocks"][0]["mixer"]   # rollout.fuse_projections
   for x, t in zip(jax.tree.leaves(held), jax.tree.leaves(want)):
     assert (x.dtype, x.sharding) == (t.dtype, t.sharding)
   assert held["embed"].dtype == jnp.bfloat16
