@@ -204,6 +204,9 @@ def test_cache_insert_moves_one_sequence_into_a_slot(model):
   np.testing.assert_allclose(logits[2], ref[0, -1], atol=1e-4)
 
 
+# Slow (`make test-all`, CI; ~70 s here): the quick suite serves the scanned model's greedy tokens
+# from unscanned layers (tests/rl/rollout/test_rollout_server.py, prefill and decode).
+@pytest.mark.slow
 def test_unscanned_layers_give_the_scanned_models_logits_prefill_extend_and_decode(
     two_cycle_model):
   """`unscan_layers` regroups the scanned params (2 cycles of 4) as the model with
@@ -260,7 +263,8 @@ def scanned_reference(two_cycle_model):
 
 # Not -1 (auto): on this 2-cycle model it resolves to 2, the same program as the case 2
 # (test_auto_scan_unroll_unrolls_shallow_models_and_scans_deep_ones checks the resolution).
-@pytest.mark.parametrize("unroll", [0, 2])
+# Fully unrolled (0) is slow (`make test-all`, CI; ~50 s of compile): 2 stays in the quick suite.
+@pytest.mark.parametrize("unroll", [pytest.param(0, marks=pytest.mark.slow), 2])
 def test_scan_unroll_gives_the_same_logits_and_gradients(two_cycle_model, scanned_reference,
                                                          unroll):
   cfg, params = two_cycle_model

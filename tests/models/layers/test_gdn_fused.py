@@ -133,7 +133,9 @@ def test_the_model_runs_with_the_fused_kernels_as_with_the_scan():
     np.testing.assert_allclose(x, y, atol=1e-5 * float(jnp.abs(y).max()) + 1e-8)
 
 
-@pytest.mark.parametrize("devices", [1, 2])
+# One GPU is slow (`make test-all`, CI; ~45 s of compile): two GPUs, the same kernels per device
+# with the rows split, stay in the quick suite.
+@pytest.mark.parametrize("devices", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_the_fused_kernels_compile_for_an_h200_to_triton_kernels(devices):
   """Compiled for H200s from this CPU (XLA:GPU's Triton pipeline), the forward and backward
   walks and outputs are Triton kernels and no loop is left in the program (the scan's were
