@@ -109,24 +109,29 @@ def unscan_layers(cfg: ModelConfig, tree: dict) -> dict:
                                  for i in range(cfg.num_hidden_layers)))
 
 
-def fuse_gdn_in_projections(tree: dict, shards: int, axes: bool = False) -> dict:
-  """`tree` (params in any layout of `blocks`, or with `axes` their logical axes) with each
-  Gated DeltaNet layer's four input projections as one matrix laid out for `shards` devices
-  (`gated_deltanet.fuse_in_projections`): the rollout engine's layout (rl/rollout/engine_weights.py)."""
-  fuse = (gated_deltanet.fused_in_projection_axes if axes
-          else functools.partial(gated_deltanet.fuse_in_projections, shards=shards))
+def fuse_gdn_in_projections(tree: dict, shards: int) -> dict:
+  """`tree` (params in any layout of `blocks`) with each Gated DeltaNet layer's four input
+  projections as one matrix laid out for `shards` devices (`gated_deltanet.fuse_in_projections`):
+  the rollout engine's layout (rl/rollout/engine_weights.py)."""
+  return _map_gdn_mixers(tree, "in_proj_qkv",
+                         functools.partial(gated_deltanet.fuse_in_projections, shards=shards))
 
-  def block(b):
-    mixer = b.get("mixer", {})
-    return dict(b, mixer=fuse(mixer)) if "in_proj_qkv" in mixer else b
-  return dict(tree, blocks=tuple(block(b) for b in tree["blocks"]))
+
+def fused_gdn_in_projection_axes(axes: dict) -> dict:
+  """`param_axes` (any layout of `blocks`) for `fuse_gdn_in_projections`' layout."""
+  return _map_gdn_mixers(axes, "in_proj_qkv", gated_deltanet.fused_in_projection_axes)
 
 
 def split_gdn_in_projections(cfg: ModelConfig, tree: dict) -> dict:
   """`fuse_gdn_in_projections` undone (params)."""
+  return _map_gdn_mixers(tree, "in_proj",
+                         functools.partial(gated_deltanet.split_in_projections, cfg=cfg))
+
+
+def _map_gdn_mixers(tree: dict, key: str, fn) -> dict:
+  """`tree` with `fn` applied to the mixer of each block whose mixer holds `key`."""
   def block(b):
-    mixer = b.get("mixer", {})
-    return dict(b, mixer=gated_deltanet.split_in_projections(mixer, cfg)) if "in_proj" in mixer else b
+    return dict(b, mixer=fn(b["mixer"])) if key in b.get("mixer", {}) else b
   return dict(tree, blocks=tuple(block(b) for b in tree["blocks"]))
 
 

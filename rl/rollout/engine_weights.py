@@ -238,7 +238,7 @@ class EngineWeights:
 
   def _held_axes(self):
     axes = qwen3_5.param_axes(self.held_cfg)
-    return qwen3_5.fuse_gdn_in_projections(axes, 0, axes=True) if self._fuse_shards else axes
+    return qwen3_5.fused_gdn_in_projection_axes(axes) if self._fuse_shards else axes
 
   def _cast(self, params):
     """`params` in the engine's dtypes (a no-op for leaves already in them)."""
