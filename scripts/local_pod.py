@@ -57,17 +57,19 @@ def process_env(index: int, processes: int, devices: int, port: int, base=None) 
 
 
 def start(commands: list, devices: int, log_dir: str, port: int = 0,
-          console: bool = True) -> list:
+          console: bool = True, base_env: dict = None) -> list:
   """Starts process i as `commands[i]` (an argv list); returns the Popen objects. Process 0
   writes to this console (to log_dir/process_0.log too with console=False), process i > 0 to
-  log_dir/process_i.log."""
+  log_dir/process_i.log. Each process's environment is `process_env` over `base_env` (this
+  process's when None)."""
   port = port or free_port()
   os.makedirs(log_dir, exist_ok=True)
   procs = []
   for i, cmd in enumerate(commands):
     out = (None if i == 0 and console else
            open(os.path.join(log_dir, f"process_{i}.log"), "w"))
-    procs.append(subprocess.Popen(cmd, cwd=ROOT, env=process_env(i, len(commands), devices, port),
+    env = process_env(i, len(commands), devices, port, base_env)
+    procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env,
                                   stdout=out, stderr=subprocess.STDOUT if out else None))
   return procs
 

@@ -20,9 +20,13 @@ import pytest  # noqa: E402
 # 2-core machine). The numerics are checked against the same tolerances; the few bit-for-bit
 # comparisons of two differently written programs compile with the default emitters
 # (the `default_emitters_jit` fixture below), under which the claim is made.
-# The programs the tests launch as processes (launch.py, the pods, the servers) inherit the
-# flags without these and compile as users' runs do: XLA reads XLA_FLAGS once per process, at
-# its first compile, which happens here.
+# The programs the tests launch as processes (launch.py, the servers, the benchmarks) inherit
+# the flags without these and compile as users' runs do: XLA reads XLA_FLAGS once per process,
+# at its first compile, which happens here. The long launches of the RL loop (the pod, the
+# option arms, the kill-and-resume run, the separate rollout server) compile with these flags
+# too (`launched_job_env`): what they check is the loop, not the compiler's output, and an
+# option arm took 84 s instead of 104 s alone on 2 cores. `make run`'s own path,
+# tests/test_e2e_rl.py's SFT-then-RL test, keeps users' flags.
 TEST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 _flags = os.environ["XLA_FLAGS"]
 _set_here = "xla_backend_optimization_level" not in _flags
@@ -40,6 +44,13 @@ if _set_here:
 def test_compile_flags() -> str:
   """TEST_COMPILE_FLAGS, for a subprocess whose results must equal this process's bit for bit."""
   return TEST_COMPILE_FLAGS
+
+
+@pytest.fixture(scope="session")
+def launched_job_env() -> dict:
+  """The environment of a long launched RL job: one CPU device, TEST_COMPILE_FLAGS, unbuffered
+  output (a pod's processes get their own device counts from scripts/local_pod.py)."""
+  return dict(os.environ, PYTHONUNBUFFERED="1", XLA_FLAGS=TEST_COMPILE_FLAGS)
 
 
 @pytest.fixture(scope="session")

@@ -63,18 +63,19 @@ _CLOCK = ("time", "time/", "episode_s/", "rollout/prompt_tokens", "rollout/prefi
 _ROUNDED = ("loss/", "policy/", "optim/")
 
 
-def _launch(workdir, name, processes, log_dir):
+def _launch(workdir, name, processes, log_dir, env):
   args = ["--mode=rl", "--config=" + os.path.join(ROOT, "configs/tiny_cpu.py"),
           f"--config.workdir={workdir}", f"--config.name={name}",
           f"--config.envs.worlds_root={os.path.join(ROOT, 'runs/worlds')}"]
   args += [f"--config.{k}={v}".replace(" ", "") for k, v in OVERRIDES.items()]
   cmd = [sys.executable, os.path.join(ROOT, "launch.py")] + args
-  return local_pod.start([cmd] * processes, 8 // processes, str(log_dir), console=False)
+  return local_pod.start([cmd] * processes, 8 // processes, str(log_dir), console=False,
+                         base_env=env)
 
 
-def _run(workdir, name, processes):
+def _run(workdir, name, processes, env):
   log_dir = os.path.join(workdir, f"{name}-logs")
-  code = local_pod.wait(_launch(workdir, name, processes, log_dir), 60)
+  code = local_pod.wait(_launch(workdir, name, processes, log_dir, env), 60)
   assert code == 0, _tail(log_dir)
   return os.path.join(workdir, name)
 
@@ -140,16 +141,16 @@ def _assert_same_run(a, b):
 
 
 @pytest.fixture(scope="module")
-def one_process_run(tmp_path_factory):
-  return _run(str(tmp_path_factory.mktemp("one")), "run", 1)
+def one_process_run(tmp_path_factory, launched_job_env):
+  return _run(str(tmp_path_factory.mktemp("one")), "run", 1, launched_job_env)
 
 
 @pytest.fixture(scope="module")
-def killed_and_rerun(tmp_path_factory):
+def killed_and_rerun(tmp_path_factory, launched_job_env):
   """The 2 x 4 job, SIGKILLed in process 1 once checkpoint 1 is written, then run again."""
   workdir = str(tmp_path_factory.mktemp("two"))
   log_dir = os.path.join(workdir, "killed-logs")
-  procs = _launch(workdir, "run", 2, log_dir)
+  procs = _launch(workdir, "run", 2, log_dir, launched_job_env)
   first = os.path.join(workdir, "run", "checkpoints", "1")
   try:
     deadline = time.monotonic() + 900
@@ -167,7 +168,7 @@ def killed_and_rerun(tmp_path_factory):
         p.kill()
   with open(os.path.join(log_dir, "process_0.log")) as f:
     killed_log = f.read()
-  run_dir = _run(workdir, "run", 2)
+  run_dir = _run(workdir, "run", 2, launched_job_env)
   logs = [open(os.path.join(workdir, "run-logs", f"process_{i}.log")).read() for i in (0, 1)]
   return dict(run_dir=run_dir, stop_s=stop_s, code=code, killed_log=killed_log, logs=logs)
 

@@ -51,8 +51,8 @@ def _steps(ckpt_dir):
 
 
 @pytest.mark.slow
-def test_rl_two_steps_then_sigkill_and_resume(tmp_path):
-  env = _env()
+def test_rl_two_steps_then_sigkill_and_resume(tmp_path, launched_job_env):
+  env = launched_job_env
   ckpt_dir = os.path.join(tmp_path, "e2e", "checkpoints")
   log1 = open(os.path.join(tmp_path, "run1.log"), "w")
   p = subprocess.Popen(_cmd(tmp_path, 4), cwd=ROOT, env=env, stdout=log1,
@@ -97,8 +97,8 @@ def _free_port() -> int:
 # Slow (`make test-all`, CI; two launches, ~1 min): `make test` keeps its 20-minute budget, and
 # its end-to-end run is the SFT-then-RL test below, with the server in the job.
 @pytest.mark.slow
-def test_rl_steps_with_the_rollout_server_as_a_separate_job(tmp_path):
-  env = _env()
+def test_rl_steps_with_the_rollout_server_as_a_separate_job(tmp_path, launched_job_env):
+  env = launched_job_env
   port = _free_port()
   weights = os.path.join(tmp_path, "weights")
   serve_log = open(os.path.join(tmp_path, "serve.log"), "w")

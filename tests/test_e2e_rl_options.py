@@ -63,13 +63,11 @@ DEFAULT_ARM = {"rl.advantage": _DEFAULT.rl.advantage, "rl.policy_loss": _DEFAULT
                "rl.tis.mode": _DEFAULT.rl.tis.mode}
 
 
-def _run(tmp_path, name, arm) -> list:
+def _run(tmp_path, name, arm, env) -> list:
   cmd = [sys.executable, os.path.join(ROOT, "launch.py"), "--mode=rl",
          "--config=" + os.path.join(ROOT, "configs/tiny_cpu.py"), f"--config.workdir={tmp_path}",
          f"--config.name={name}", f"--config.envs.worlds_root={os.path.join(ROOT, 'runs/worlds')}"]
   cmd += [f"--config.{k}={v}" for k, v in {**COMMON, **arm}.items()]
-  env = dict(os.environ, PYTHONUNBUFFERED="1")
-  env.pop("XLA_FLAGS", None)   # one CPU device
   out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
   assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
   with open(os.path.join(tmp_path, name, "metrics.jsonl")) as f:
@@ -89,9 +87,9 @@ def test_the_arms_cover_every_registered_option():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ARMS))
-def test_rl_option_runs_end_to_end(tmp_path, name):
+def test_rl_option_runs_end_to_end(tmp_path, name, launched_job_env):
   arm = ARMS[name]
-  train = _run(tmp_path, name, arm)
+  train = _run(tmp_path, name, arm, launched_job_env)
   assert [r["step"] for r in train] == [1, 2]
   for r in train:
     assert all(v == v for v in r.values() if isinstance(v, float)), r   # no NaN
