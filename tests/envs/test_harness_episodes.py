@@ -9,6 +9,7 @@ import collections
 import functools
 import os
 import signal
+import tempfile
 
 import pytest
 
@@ -38,6 +39,13 @@ def _config(tmp_root):
   c.harness.max_turns = 20           # the longest oracle plan has a handful of steps
   c.harness.num_workers = 2
   return c
+
+
+def shared_worlds(envs_cfg) -> str:
+  """Every world, rendered once into the system temp directory under a name of the generation
+  settings (tests/envs/test_worlds.py reads the same copy): the whole-split tests only read them,
+  and rendering takes ~15 s a copy."""
+  return worlds.ensure_worlds(envs_cfg, worlds.cache_dir(envs_cfg, tempfile.gettempdir()))
 
 
 @pytest.fixture(scope="module")
@@ -146,14 +154,14 @@ def test_dead_cached_gateway_is_replaced(sample):
 
 
 @pytest.mark.slow
-def test_token_level_oracle_passes_every_task_of_the_eval_split(tmp_path_factory):
+def test_token_level_oracle_passes_every_task_of_the_eval_split():
   # The eval split's 480 tasks: every family, level and domain, on worlds of their own. The
   # train split's 1928 come from the same families on other worlds, so through this path (the
   # calls written as Qwen3.5 text, tokenized and parsed back) they would send the same kinds of
   # calls and answers for ~4 minutes more (this split: 56 s alone on 2 cores); every one is
   # solved in-process and over MCP by tests/envs/test_worlds.py.
-  c = _config(tmp_path_factory.mktemp("all_worlds"))
-  worlds.ensure_worlds(c.envs)
+  c = _config("")
+  c.envs.worlds_root = shared_worlds(c.envs)
   tasks = tasks_lib.load_split(c.envs, "eval")
   results = _run(c, tasks, oracle_factory([t.to_json() for t in tasks]))
   bad = [(r.task_id, r.outcome, r.detail) for r in results if not r.passed]

@@ -22,6 +22,7 @@ from envs.harness.pool import AgentPool
 from envs.harness.pool import FormatSpec
 from envs.harness.tool_subset import ToolSubsetSpec
 from tests.envs.test_harness_episodes import _config as mcp_config
+from tests.envs.test_harness_episodes import shared_worlds
 
 SAMPLE_WORLDS = {"eval": ("in00", "co00"), "train": ("ma03",)}
 LEVEL1_APP_TOOLS = ("spreadsheets_read_sheet", "pdfs_read_pdf", "documents_read_document")
@@ -124,9 +125,9 @@ def test_bad_style_is_refused_before_any_world_starts(sample):
 
 
 @pytest.mark.slow
-def test_shell_oracle_solves_the_whole_eval_split(tmp_path_factory):
-  c = _config(tmp_path_factory.mktemp("all_worlds"))
-  worlds.ensure_worlds(c.envs)
+def test_shell_oracle_solves_the_whole_eval_split():
+  c = _config("")
+  c.envs.worlds_root = shared_worlds(c.envs)
   # The eval split (480 tasks, every level) through the harness: ~5 min on 2 cores. The train
   # split's 1928 take ~15 min more, past the suite's budget; they are checked with the same
   # translation by `launch.py --mode=eval --config.policy=oracle --config.eval.split=train

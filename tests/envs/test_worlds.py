@@ -6,7 +6,6 @@ import json
 import os
 import random
 import shutil
-import tempfile
 
 import docx
 import ml_collections
@@ -25,6 +24,7 @@ from envs.apps import worldstate
 from envs.harness import harness_eval
 from envs.worlds import render
 from envs.worlds import spec as spec_lib
+from tests.envs.test_harness_episodes import shared_worlds
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +34,7 @@ def envs_cfg():
 
 @pytest.fixture(scope="session")
 def worlds_root(envs_cfg):
-  return worlds.ensure_worlds(envs_cfg, worlds.cache_dir(envs_cfg, tempfile.gettempdir()))
+  return shared_worlds(envs_cfg)
 
 
 @pytest.fixture(scope="session")
